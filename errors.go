@@ -1,0 +1,44 @@
+package tokensem
+
+import "errors"
+
+// Sentinel errors shared by every backend. Backends wrap broker errors with
+// %w so that errors.Is matches both the sentinel and the cause.
+var (
+	// ErrNoPermit is returned by TryAcquire when no permit is free right now.
+	ErrNoPermit = errors.New("tokensem: no permit available")
+	// ErrLeaseLost is reported by Permit.Err (and returned by Release) once a
+	// permit can no longer be trusted: its lease ran out, its connection or
+	// channel closed, or another holder took over its slot. It wraps the cause.
+	ErrLeaseLost = errors.New("tokensem: permit lost")
+	// ErrReleased is returned by a second Release and by Err after a release.
+	ErrReleased = errors.New("tokensem: permit already released")
+	// ErrClosed is returned by calls on a closed Semaphore.
+	ErrClosed = errors.New("tokensem: semaphore closed")
+	// ErrNotInitialized is returned by Open when the semaphore does not exist
+	// (or its creation never finished).
+	ErrNotInitialized = errors.New("tokensem: semaphore not initialized")
+	// ErrPermitMismatch is returned by Init when the semaphore already exists
+	// with a different number of permits.
+	ErrPermitMismatch = errors.New("tokensem: permit count mismatch")
+	// ErrInvalidName is returned for a semaphore name that is not safe in
+	// NATS subjects and AMQP queue names (see ValidateName).
+	ErrInvalidName = errors.New("tokensem: invalid semaphore name")
+	// ErrInvalidPermits is returned for a permit count that is not positive
+	// or is above MaxPermits.
+	ErrInvalidPermits = errors.New("tokensem: invalid permit count")
+	// ErrInvalidOption is wrapped by every option that rejects its value.
+	ErrInvalidOption = errors.New("tokensem: invalid option")
+	// ErrInvalidToken is returned by Codec.Decode for bytes that are not a
+	// token of a supported format version.
+	ErrInvalidToken = errors.New("tokensem: invalid token")
+	// ErrForgedToken is returned by Codec.Decode when a signing key is set and
+	// the token's signature is missing or wrong.
+	ErrForgedToken = errors.New("tokensem: forged or unsigned token")
+	// ErrKeyMismatch is returned by Init and Open when the signing key given
+	// (or its absence) does not match the one the semaphore was created with.
+	ErrKeyMismatch = errors.New("tokensem: signing key mismatch")
+	// ErrTooManyWaiters is returned by Acquire when the broker refuses another
+	// waiting caller (the waiter limit set when the semaphore was created).
+	ErrTooManyWaiters = errors.New("tokensem: too many waiters")
+)

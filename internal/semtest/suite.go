@@ -1,0 +1,681 @@
+package semtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/faultproxy"
+)
+
+// Run runs the whole conformance suite against b.
+func Run(t *testing.T, b Backend) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, Backend)
+	}{
+		{"InitOpenStatus", testInitOpenStatus},
+		{"InitIdempotentAndMismatch", testInitIdempotentAndMismatch},
+		{"BadInput", testBadInput},
+		{"TryAcquire", testTryAcquire},
+		{"AtMostNUnderContention", testAtMostN},
+		{"FIFO", testFIFO},
+		{"CancelStrandsNothing", testCancelStrandsNothing},
+		{"CancelRaceStrandsNothing", testCancelRace},
+		{"DoubleRelease", testDoubleRelease},
+		{"FenceGrowsPerHandoff", testFence},
+		{"SilentHolderLosesPermit", testSilentHolder},
+		{"StaleHolderReleasesLate", testStaleRelease},
+		{"CrashedHolder", testCrashedHolder},
+		{"JunkInStore", testJunk},
+		{"SignedTokens", testSigned},
+		{"DoCancelsOnLoss", testDoCancelsOnLoss},
+		{"Close", testClose},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
+	}
+}
+
+var nameSeq atomic.Int64
+
+// uniqueName returns a fresh semaphore name for a test.
+func uniqueName(t testing.TB) string {
+	base := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, t.Name())
+	if len(base) > 40 {
+		base = base[len(base)-40:]
+	}
+	return fmt.Sprintf("t%d-%s", nameSeq.Add(1), strings.Trim(base, "-"))
+}
+
+func mustInit(t testing.TB, b Backend, name string, n int, o Options) tokensem.Semaphore {
+	t.Helper()
+	s, err := b.Init(t, b.Addr, name, n, o)
+	if err != nil {
+		t.Fatalf("init %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func mustOpen(t testing.TB, b Backend, addr, name string, o Options) tokensem.Semaphore {
+	t.Helper()
+	s, err := b.Open(t, addr, name, o)
+	if err != nil {
+		t.Fatalf("open %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func mustAcquire(t testing.TB, s tokensem.Semaphore, d time.Duration) tokensem.Permit {
+	t.Helper()
+	p, err := s.Acquire(ctxTimeout(t, d))
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	return p
+}
+
+func mustRelease(t testing.TB, p tokensem.Permit) {
+	t.Helper()
+	if err := p.Release(t.Context()); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
+
+func status(t testing.TB, s tokensem.Semaphore) tokensem.Status {
+	t.Helper()
+	st, err := s.Status(ctxTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	return st
+}
+
+// drainAll takes every permit with TryAcquire and returns them; it proves
+// how many tokens are usable right now.
+func drainAll(t testing.TB, s tokensem.Semaphore, limit int) []tokensem.Permit {
+	t.Helper()
+	var ps []tokensem.Permit
+	for len(ps) <= limit {
+		p, err := s.TryAcquire(ctxTimeout(t, 5*time.Second))
+		if errors.Is(err, tokensem.ErrNoPermit) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("try acquire: %v", err)
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+func releaseAll(t testing.TB, ps []tokensem.Permit) {
+	t.Helper()
+	for _, p := range ps {
+		mustRelease(t, p)
+	}
+}
+
+func testInitOpenStatus(t *testing.T, b Backend) {
+	name := uniqueName(t)
+	mustInit(t, b, name, 3, Options{})
+	s := mustOpen(t, b, b.Addr, name, Options{})
+	st := status(t, s)
+	if st.Name != name || st.Backend != b.Name || st.Permits != 3 || st.Tokens != 3 ||
+		st.Available != 3 || st.Held != 0 || !st.Healthy || len(st.Duplicate) != 0 || len(st.Missing) != 0 || st.Invalid != 0 {
+		t.Fatalf("fresh status = %+v", st)
+	}
+	if st.Stream == "" && st.Queue == "" {
+		t.Fatalf("status names no broker resource: %+v", st)
+	}
+	p := mustAcquire(t, s, 5*time.Second)
+	if st := status(t, s); st.Held != 1 || st.Available != 2 || !st.Healthy {
+		t.Fatalf("status with one holder = %+v", st)
+	}
+	mustRelease(t, p)
+	eventually(t, 5*time.Second, "permit back", func() bool { st := status(t, s); return st.Available == 3 && st.Held == 0 })
+}
+
+func testInitIdempotentAndMismatch(t *testing.T, b Backend) {
+	name := uniqueName(t)
+	// Concurrent inits, as a deployment's init containers would run them.
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := b.Init(t, b.Addr, name, 5, Options{})
+			if err == nil {
+				_ = s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent init %d: %v", i, err)
+		}
+	}
+	s := mustInit(t, b, name, 5, Options{})
+	if st := status(t, s); st.Tokens != 5 || !st.Healthy {
+		t.Fatalf("after 5 inits: %+v", st)
+	}
+	_, err := b.Init(t, b.Addr, name, 6, Options{})
+	if !errors.Is(err, tokensem.ErrPermitMismatch) {
+		t.Fatalf("init with another N: err = %v, want ErrPermitMismatch", err)
+	}
+	if st := status(t, s); st.Tokens != 5 || !st.Healthy || st.Permits != 5 {
+		t.Fatalf("a refused init changed the semaphore: %+v", st)
+	}
+}
+
+func testBadInput(t *testing.T, b Backend) {
+	cases := []struct {
+		name    string
+		sem     string
+		permits int
+		o       Options
+		wantErr error
+	}{
+		{"empty name", "", 1, Options{}, tokensem.ErrInvalidName},
+		{"dot in name", "a.b", 1, Options{}, tokensem.ErrInvalidName},
+		{"wildcard", "a*", 1, Options{}, tokensem.ErrInvalidName},
+		{"space", "a b", 1, Options{}, tokensem.ErrInvalidName},
+		{"leading dash", "-a", 1, Options{}, tokensem.ErrInvalidName},
+		{"too long", strings.Repeat("a", tokensem.MaxNameLen+1), 1, Options{}, tokensem.ErrInvalidName},
+		{"zero permits", uniqueName(t), 0, Options{}, tokensem.ErrInvalidPermits},
+		{"negative permits", uniqueName(t), -3, Options{}, tokensem.ErrInvalidPermits},
+		{"lease too short", uniqueName(t), 1, Options{Lease: time.Millisecond}, tokensem.ErrInvalidOption},
+		{"short key", uniqueName(t), 1, Options{Key: []byte("short")}, tokensem.ErrInvalidOption},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := b.Init(t, b.Addr, tc.sem, tc.permits, tc.o)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Init(%q, %d) err = %v, want %v", tc.sem, tc.permits, err, tc.wantErr)
+			}
+		})
+	}
+	t.Run("open missing", func(t *testing.T) {
+		_, err := b.Open(t, b.Addr, uniqueName(t), Options{})
+		if !errors.Is(err, tokensem.ErrNotInitialized) {
+			t.Fatalf("Open of a missing semaphore: err = %v, want ErrNotInitialized", err)
+		}
+	})
+	t.Run("open bad name", func(t *testing.T) {
+		_, err := b.Open(t, b.Addr, "no/slash", Options{})
+		if !errors.Is(err, tokensem.ErrInvalidName) {
+			t.Fatalf("err = %v, want ErrInvalidName", err)
+		}
+	})
+}
+
+func testTryAcquire(t *testing.T, b Backend) {
+	s := mustInit(t, b, uniqueName(t), 3, Options{})
+	ps := drainAll(t, s, 3)
+	if len(ps) != 3 {
+		t.Fatalf("TryAcquire got %d permits of 3", len(ps))
+	}
+	seen := map[int]bool{}
+	for _, p := range ps {
+		if seen[p.Token().Index] {
+			t.Fatalf("two permits of slot %d", p.Token().Index)
+		}
+		seen[p.Token().Index] = true
+		if p.Err() != nil {
+			t.Fatalf("held permit has Err %v", p.Err())
+		}
+	}
+	if _, err := s.TryAcquire(t.Context()); !errors.Is(err, tokensem.ErrNoPermit) {
+		t.Fatalf("4th TryAcquire: err = %v, want ErrNoPermit", err)
+	}
+	mustRelease(t, ps[0])
+	p, err := s.TryAcquire(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("TryAcquire after a release: %v", err)
+	}
+	releaseAll(t, append(ps[1:], p))
+}
+
+// testAtMostN runs 60 goroutines on 4 clients contending for 3 permits and
+// meters the concurrency the holders observe.
+func testAtMostN(t *testing.T, b Backend) {
+	const n, workers, clients, rounds = 3, 60, 4, 5
+	name := uniqueName(t)
+	mustInit(t, b, name, n, Options{})
+	sems := make([]tokensem.Semaphore, clients)
+	for i := range sems {
+		sems[i] = mustOpen(t, b, b.Addr, name, Options{})
+	}
+	var m Meter
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			s := sems[w%clients]
+			for range rounds {
+				err := tokensem.Do(ctxTimeout(t, 60*time.Second), s, func(ctx context.Context) error {
+					m.Enter()
+					defer m.Leave()
+					time.Sleep(time.Millisecond)
+					return ctx.Err()
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("worker: %v", err)
+	}
+	if m.Max() > n {
+		t.Fatalf("observed %d concurrent holders of %d permits", m.Max(), n)
+	}
+	if m.Max() < n {
+		t.Fatalf("contention never used all %d permits (max %d): the test proves nothing", n, m.Max())
+	}
+	if m.Total() != workers*rounds {
+		t.Fatalf("%d acquisitions, want %d", m.Total(), workers*rounds)
+	}
+	st := status(t, sems[0])
+	if !st.Healthy || st.Held != 0 || st.Available != n {
+		t.Fatalf("after the run: %+v", st)
+	}
+	t.Logf("%d acquisitions by %d workers, max concurrency %d of %d", m.Total(), workers, m.Max(), n)
+}
+
+// testFIFO starts waiters one at a time, each only after the broker counts
+// it as waiting, and checks they are served in that order.
+func testFIFO(t *testing.T, b Backend) {
+	const waiters = 6
+	name := uniqueName(t)
+	s := mustInit(t, b, name, 1, Options{})
+	holder := mustAcquire(t, s, 5*time.Second)
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i := range waiters {
+		c := mustOpen(t, b, b.Addr, name, Options{})
+		wg.Go(func() {
+			p, err := c.Acquire(ctxTimeout(t, 30*time.Second))
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if err := p.Release(t.Context()); err != nil {
+				t.Errorf("waiter %d release: %v", i, err)
+			}
+		})
+		eventually(t, 10*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool {
+			return status(t, s).Waiting >= i+1
+		})
+	}
+	mustRelease(t, holder)
+	wg.Wait()
+	for i, w := range order {
+		if w != i {
+			t.Fatalf("service order %v, want 0..%d in order", order, waiters-1)
+		}
+	}
+	if len(order) != waiters {
+		t.Fatalf("served %d of %d waiters", len(order), waiters)
+	}
+}
+
+// testCancelStrandsNothing: callers that time out or are cancelled while
+// waiting must not keep the token a later release hands to them. The lease
+// is long, so a stranded token would stay away far longer than the test
+// waits.
+func testCancelStrandsNothing(t *testing.T, b Backend) {
+	name := uniqueName(t)
+	s := mustInit(t, b, name, 1, Options{Lease: 60 * time.Second})
+	holder := mustAcquire(t, s, 5*time.Second)
+
+	if _, err := s.Acquire(ctxTimeout(t, 200*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("timed-out Acquire: err = %v, want DeadlineExceeded", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { _, err := s.Acquire(ctx); done <- err }()
+	eventually(t, 10*time.Second, "waiter queued", func() bool { return status(t, s).Waiting >= 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: err = %v, want Canceled", err)
+	}
+	// An already-done context fails at once and changes nothing.
+	if _, err := s.Acquire(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire with a done ctx: err = %v", err)
+	}
+	mustRelease(t, holder)
+	var p tokensem.Permit
+	eventually(t, 10*time.Second, "the released token to be free again", func() bool {
+		var err error
+		p, err = s.TryAcquire(t.Context())
+		return err == nil
+	})
+	mustRelease(t, p)
+}
+
+// testCancelRace releases tokens while many waiters give up at the same
+// moment; afterwards every token must be free again well inside the lease.
+func testCancelRace(t *testing.T, b Backend) {
+	const n, waiters = 3, 20
+	name := uniqueName(t)
+	s := mustInit(t, b, name, n, Options{Lease: 60 * time.Second})
+	c := mustOpen(t, b, b.Addr, name, Options{})
+	for round := range 3 {
+		held := drainAll(t, s, n)
+		if len(held) != n {
+			t.Fatalf("round %d: %d free permits, want %d", round, len(held), n)
+		}
+		var wg sync.WaitGroup
+		ctx, cancel := context.WithCancel(t.Context())
+		var won []tokensem.Permit
+		var mu sync.Mutex
+		for range waiters {
+			wg.Go(func() {
+				p, err := c.Acquire(ctx)
+				if err == nil {
+					mu.Lock()
+					won = append(won, p)
+					mu.Unlock()
+				}
+			})
+		}
+		eventually(t, 10*time.Second, "waiters queued", func() bool { return status(t, s).Waiting >= waiters/2 })
+		go releaseAllAsync(held)
+		time.Sleep(time.Duration(round) * time.Millisecond)
+		cancel()
+		wg.Wait()
+		releaseAll(t, won)
+		eventually(t, 15*time.Second, "all permits free after the cancel race", func() bool {
+			st := status(t, s)
+			return st.Available == n && st.Held == 0
+		})
+	}
+}
+
+func releaseAllAsync(ps []tokensem.Permit) {
+	for _, p := range ps {
+		_ = p.Release(context.Background())
+	}
+}
+
+func testDoubleRelease(t *testing.T, b Backend) {
+	s := mustInit(t, b, uniqueName(t), 2, Options{})
+	p := mustAcquire(t, s, 5*time.Second)
+	mustRelease(t, p)
+	select {
+	case <-p.Done():
+	default:
+		t.Fatal("Done not closed after Release")
+	}
+	if err := p.Release(t.Context()); !errors.Is(err, tokensem.ErrReleased) {
+		t.Fatalf("second Release: err = %v, want ErrReleased", err)
+	}
+	if !errors.Is(p.Err(), tokensem.ErrReleased) {
+		t.Fatalf("Err after release = %v", p.Err())
+	}
+	eventually(t, 5*time.Second, "two free permits", func() bool { return status(t, s).Available == 2 })
+	ps := drainAll(t, s, 2)
+	if len(ps) != 2 {
+		t.Fatalf("after a double release %d permits are free, want exactly 2", len(ps))
+	}
+	releaseAll(t, ps)
+}
+
+func testFence(t *testing.T, b Backend) {
+	s := mustInit(t, b, uniqueName(t), 1, Options{})
+	var last uint64
+	for i := range 5 {
+		p := mustAcquire(t, s, 5*time.Second)
+		if p.Fence() <= last {
+			t.Fatalf("acquire %d: fence %d not above the previous %d", i, p.Fence(), last)
+		}
+		last = p.Fence()
+		mustRelease(t, p)
+	}
+}
+
+// proxied opens a client of name through a fault proxy.
+func proxied(t *testing.T, b Backend, name string, o Options) (*faultproxy.Proxy, tokensem.Semaphore) {
+	t.Helper()
+	px, err := faultproxy.New(b.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	return px, mustOpen(t, b, px.Addr(), name, o)
+}
+
+// testSilentHolder freezes a holder's network. It must learn of the loss
+// (Done) before a waiter can hold its slot, and the waiter must get it.
+func testSilentHolder(t *testing.T, b Backend) {
+	const lease = 2 * time.Second
+	name := uniqueName(t)
+	direct := mustInit(t, b, name, 1, Options{Lease: lease})
+	px, a := proxied(t, b, name, Options{})
+	pa := mustAcquire(t, a, 5*time.Second)
+
+	start := time.Now()
+	px.Pause()
+	var lostAt atomic.Int64
+	go func() { <-pa.Done(); lostAt.Store(time.Now().UnixNano()) }()
+	pb, err := direct.Acquire(ctxTimeout(t, 4*lease+10*time.Second))
+	gotAt := time.Now()
+	if err != nil {
+		t.Fatalf("waiter never got the silent holder's permit: %v", err)
+	}
+	if lostAt.Load() == 0 || lostAt.Load() > gotAt.UnixNano() {
+		t.Fatalf("holder learned of the loss at %v, after the waiter acquired at %v",
+			time.Unix(0, lostAt.Load()).Sub(start), gotAt.Sub(start))
+	}
+	if !errors.Is(pa.Err(), tokensem.ErrLeaseLost) {
+		t.Fatalf("lost permit Err = %v, want ErrLeaseLost", pa.Err())
+	}
+	if pb.Fence() <= pa.Fence() {
+		t.Fatalf("new holder's fence %d not above the old %d", pb.Fence(), pa.Fence())
+	}
+	t.Logf("silent holder lost its permit after %v; the waiter held it after %v",
+		time.Unix(0, lostAt.Load()).Sub(start), gotAt.Sub(start))
+	px.Resume()
+	mustRelease(t, pb)
+}
+
+// testStaleRelease: A's network freezes while A is releasing; A's lease
+// expires, B takes the slot; then A's delayed release reaches the broker.
+// It must not free B's slot or hand the token to a third client.
+func testStaleRelease(t *testing.T, b Backend) {
+	const lease = 2 * time.Second
+	name := uniqueName(t)
+	direct := mustInit(t, b, name, 1, Options{Lease: lease})
+	third := mustOpen(t, b, b.Addr, name, Options{})
+	px, a := proxied(t, b, name, Options{})
+	pa := mustAcquire(t, a, 5*time.Second)
+
+	px.Pause()
+	released := make(chan error, 1)
+	go func() { released <- pa.Release(context.Background()) }()
+	pb, err := direct.Acquire(ctxTimeout(t, 4*lease+10*time.Second))
+	if err != nil {
+		t.Fatalf("B never got the stale holder's permit: %v", err)
+	}
+	// C queues up, then A's stale release is let through.
+	cCtx, cCancel := context.WithCancel(t.Context())
+	cGot := make(chan tokensem.Permit, 1)
+	go func() {
+		if p, err := third.Acquire(cCtx); err == nil {
+			cGot <- p
+		}
+	}()
+	eventually(t, 10*time.Second, "C queued", func() bool { return status(t, direct).Waiting >= 1 })
+	px.Resume()
+	if err := <-released; !errors.Is(err, tokensem.ErrLeaseLost) {
+		t.Fatalf("stale Release: err = %v, want ErrLeaseLost", err)
+	}
+	// Give a wrongly handed-back token time to reach C.
+	select {
+	case p := <-cGot:
+		t.Fatalf("C acquired slot %d while B holds the only permit", p.Token().Index)
+	case <-time.After(lease / 2):
+	}
+	if pb.Err() != nil {
+		t.Fatalf("B lost its permit to A's stale release: %v", pb.Err())
+	}
+	mustRelease(t, pb)
+	var pc tokensem.Permit
+	select {
+	case pc = <-cGot:
+	case <-time.After(10 * time.Second):
+		t.Fatal("C never got the permit after B released: a token was lost")
+	}
+	cCancel()
+	mustRelease(t, pc)
+	if st := status(t, direct); st.Tokens != 1 || !st.Healthy {
+		t.Fatalf("after the stale release: %+v", st)
+	}
+}
+
+// testCrashedHolder drops a holder's session abruptly; its permit must come
+// back to a waiter.
+func testCrashedHolder(t *testing.T, b Backend) {
+	const lease = 2 * time.Second
+	name := uniqueName(t)
+	direct := mustInit(t, b, name, 1, Options{Lease: lease})
+	a, err := b.Open(t, b.Addr, name, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, a, 5*time.Second)
+	start := time.Now()
+	b.Crash(t, a)
+	p := mustAcquire(t, direct, 4*lease+10*time.Second)
+	t.Logf("crashed holder's permit came back after %v (lease %v)", time.Since(start), lease)
+	mustRelease(t, p)
+}
+
+func testJunk(t *testing.T, b Backend) {
+	name := uniqueName(t)
+	s := mustInit(t, b, name, 2, Options{})
+	b.InjectRaw(t, name, []byte("this is not a token"))
+	b.InjectRaw(t, name, nil)
+	other, _ := tokensem.Codec{}.Encode(tokensem.NewToken("some-other-semaphore", 0, 1))
+	b.InjectRaw(t, name, other)
+	if st := status(t, s); st.Invalid != 3 || st.Healthy {
+		t.Fatalf("status with junk = %+v, want 3 invalid and unhealthy", st)
+	}
+	var m Meter
+	for range 3 {
+		ps := drainAll(t, s, 5)
+		for range ps {
+			m.Enter()
+		}
+		if len(ps) != 2 {
+			t.Fatalf("with junk in the store %d permits were granted, want 2", len(ps))
+		}
+		for _, p := range ps {
+			if p.Token().Semaphore != name {
+				t.Fatalf("granted a foreign token %v", p.Token())
+			}
+			m.Leave()
+		}
+		releaseAll(t, ps)
+	}
+}
+
+func testSigned(t *testing.T, b Backend) {
+	key := []byte("0123456789abcdef-shared-secret")
+	name := uniqueName(t)
+	s := mustInit(t, b, name, 1, Options{Key: key})
+	if _, err := b.Open(t, b.Addr, name, Options{}); !errors.Is(err, tokensem.ErrKeyMismatch) {
+		t.Fatalf("Open without the key: err = %v, want ErrKeyMismatch", err)
+	}
+	if _, err := b.Open(t, b.Addr, name, Options{Key: []byte("another key of 16+ bytes")}); !errors.Is(err, tokensem.ErrKeyMismatch) {
+		t.Fatalf("Open with a wrong key: err = %v, want ErrKeyMismatch", err)
+	}
+	// Forgeries: an unsigned token and one signed with another key, both for
+	// slot 0 of the right semaphore and epoch.
+	unsigned, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, 1))
+	forged, _ := tokensem.NewCodec([]byte("attacker key 0123456789")).Encode(tokensem.NewToken(name, 0, 1))
+	b.InjectRaw(t, name, unsigned)
+	b.InjectRaw(t, name, forged)
+	if st := status(t, s); st.Invalid != 2 || st.Tokens != 3 {
+		t.Fatalf("status with forgeries = %+v", st)
+	}
+	ps := drainAll(t, s, 3)
+	if len(ps) != 1 {
+		t.Fatalf("%d permits granted with one real token and two forgeries", len(ps))
+	}
+	releaseAll(t, ps)
+}
+
+func testDoCancelsOnLoss(t *testing.T, b Backend) {
+	const lease = 2 * time.Second
+	name := uniqueName(t)
+	mustInit(t, b, name, 1, Options{Lease: lease})
+	px, a := proxied(t, b, name, Options{})
+	var cause error
+	err := tokensem.Do(ctxTimeout(t, 30*time.Second), a, func(ctx context.Context) error {
+		px.Pause()
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		px.Resume()
+		return ctx.Err()
+	})
+	if !errors.Is(err, tokensem.ErrLeaseLost) || !errors.Is(cause, tokensem.ErrLeaseLost) {
+		t.Fatalf("Do after a loss: err = %v, ctx cause = %v; want ErrLeaseLost in both", err, cause)
+	}
+	ok := tokensem.Do(ctxTimeout(t, 30*time.Second), a, func(ctx context.Context) error { return nil })
+	if ok != nil {
+		t.Fatalf("Do after recovery: %v", ok)
+	}
+}
+
+func testClose(t *testing.T, b Backend) {
+	name := uniqueName(t)
+	s := mustInit(t, b, name, 1, Options{})
+	c := mustOpen(t, b, b.Addr, name, Options{})
+	p := mustAcquire(t, s, 5*time.Second)
+	done := make(chan error, 1)
+	go func() { _, err := c.Acquire(t.Context()); done <- err }()
+	eventually(t, 10*time.Second, "waiter queued", func() bool { return status(t, s).Waiting >= 1 })
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, tokensem.ErrClosed) {
+		t.Fatalf("Acquire interrupted by Close: err = %v, want ErrClosed", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := c.TryAcquire(t.Context()); !errors.Is(err, tokensem.ErrClosed) {
+		t.Fatalf("TryAcquire after Close: err = %v", err)
+	}
+	if _, err := c.Status(t.Context()); !errors.Is(err, tokensem.ErrClosed) {
+		t.Fatalf("Status after Close: err = %v", err)
+	}
+	mustRelease(t, p)
+	eventually(t, 10*time.Second, "permit free", func() bool { return status(t, s).Available == 1 })
+}

@@ -1,0 +1,123 @@
+package natssem
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Defaults of the NATS-specific options.
+const (
+	// DefaultReplicas is the replication factor of the token stream and KV
+	// bucket created by Init.
+	DefaultReplicas = 1
+	// DefaultMaxWaiters is the number of callers that may wait in Acquire
+	// at once, across all processes (the consumer's MaxWaiting). The NATS
+	// default of 512 is too small for large fleets.
+	DefaultMaxWaiters = 4096
+	// DefaultPullExpiry is how long one waiting pull request lives at the
+	// server. A caller still waiting then re-issues it and, like a fresh
+	// caller, goes to the back of the queue.
+	DefaultPullExpiry = 5 * time.Minute
+	// DefaultHeartbeat is the idle heartbeat the server sends a waiting
+	// caller; three missed heartbeats make the caller re-issue its pull
+	// (covering a broker restart or a lost request).
+	DefaultHeartbeat = 5 * time.Second
+)
+
+type options struct {
+	tokensem.Options
+	replicas   int
+	maxWaiters int
+	pullExpiry time.Duration
+	heartbeat  time.Duration
+	leaseSet   bool
+}
+
+// Option configures Init and Open. Invalid values make Init or Open return
+// an error wrapping tokensem.ErrInvalidOption.
+type Option func(*options) error
+
+func newOptions(opts []Option) (options, error) {
+	o := options{
+		Options:    tokensem.DefaultOptions(),
+		replicas:   DefaultReplicas,
+		maxWaiters: DefaultMaxWaiters,
+		pullExpiry: DefaultPullExpiry,
+		heartbeat:  DefaultHeartbeat,
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return options{}, err
+		}
+	}
+	return o, nil
+}
+
+func common(opt tokensem.Option) Option {
+	return func(o *options) error { return opt(&o.Options) }
+}
+
+// WithLease sets the lease of a semaphore created by Init (default
+// tokensem.DefaultLease). Every client uses the lease stored at creation;
+// Open ignores this option.
+func WithLease(d time.Duration) Option {
+	return func(o *options) error {
+		o.leaseSet = true
+		return tokensem.WithLease(d)(&o.Options)
+	}
+}
+
+// WithKey sets the shared token signing key (see tokensem.WithKey).
+func WithKey(key []byte) Option { return common(tokensem.WithKey(key)) }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return common(tokensem.WithLogger(l)) }
+
+// WithHolderName names this client in lease records (default "host:pid").
+func WithHolderName(name string) Option { return common(tokensem.WithHolderName(name)) }
+
+// WithRequestTimeout bounds each broker round trip (default
+// tokensem.DefaultRequestTimeout).
+func WithRequestTimeout(d time.Duration) Option { return common(tokensem.WithRequestTimeout(d)) }
+
+// WithReplicas sets the replication factor of the stream and KV bucket that
+// Init creates: 1 or 3 (3 needs a JetStream cluster). Default 1.
+func WithReplicas(n int) Option {
+	return func(o *options) error {
+		if n != 1 && n != 3 {
+			return fmt.Errorf("%w: replicas %d (want 1 or 3)", tokensem.ErrInvalidOption, n)
+		}
+		o.replicas = n
+		return nil
+	}
+}
+
+// WithMaxWaiters sets how many callers may wait in Acquire at once across
+// all clients (default DefaultMaxWaiters, 1..1,000,000). Fixed by Init.
+func WithMaxWaiters(n int) Option {
+	return func(o *options) error {
+		if n < 1 || n > 1_000_000 {
+			return fmt.Errorf("%w: max waiters %d (want 1..1000000)", tokensem.ErrInvalidOption, n)
+		}
+		o.maxWaiters = n
+		return nil
+	}
+}
+
+// WithPullExpiry sets how long one waiting pull request lives at the server
+// before the caller re-issues it (default DefaultPullExpiry, at least 1s).
+func WithPullExpiry(d time.Duration) Option {
+	return func(o *options) error {
+		if d < time.Second {
+			return fmt.Errorf("%w: pull expiry %v (want >= 1s)", tokensem.ErrInvalidOption, d)
+		}
+		o.pullExpiry = d
+		return nil
+	}
+}

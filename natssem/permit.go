@@ -1,0 +1,254 @@
+package natssem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokensem/tokensem"
+)
+
+var _ tokensem.Permit = (*Permit)(nil)
+
+// Permit is a held permit of a NATS semaphore. Its own goroutine renews it
+// every lease/3: first a compare-and-set of the slot record (which proves
+// nobody took the slot over), then an in-progress ack that keeps the server
+// from redelivering the token.
+//
+// The local deadline is the send time of the last successful record write
+// plus the lease, minus a margin of lease/5. Another client can take the
+// slot over only once the record is a whole lease old by the server's clock,
+// and the server stamps a write after it was sent, so Done closes before
+// anyone else can hold the slot.
+type Permit struct {
+	s      *Semaphore
+	tok    tokensem.Token
+	reply  string // the delivery's ack subject
+	seq    uint64
+	holder string
+	rec    record
+	fence  uint64
+	lease  time.Duration
+
+	mu       sync.Mutex
+	rev      uint64
+	deadline time.Time
+	state    permitState
+	err      error
+	done     chan struct{}
+	ctx      context.Context // cancelled when Release stops the renewals
+	stop     context.CancelFunc
+	exited   chan struct{}
+}
+
+type permitState int
+
+const (
+	held permitState = iota
+	releasing
+	released
+	lost
+)
+
+func (s *Semaphore) newPermit(tok tokensem.Token, reply string, seq uint64, holder string, rec record, rev uint64, sent time.Time, lease time.Duration) *Permit {
+	p := &Permit{
+		s: s, tok: tok, reply: reply, seq: seq, holder: holder, rec: rec,
+		fence: rev, lease: lease, rev: rev, deadline: sent.Add(lease - lease/5),
+		done: make(chan struct{}), exited: make(chan struct{}),
+	}
+	p.ctx, p.stop = context.WithCancel(context.Background())
+	s.log.Debug("permit acquired", "index", tok.Index, "fence", rev)
+	go p.run()
+	return p
+}
+
+// Token returns the held token.
+func (p *Permit) Token() tokensem.Token { return p.tok }
+
+// Fence returns the KV revision of the write that acquired the slot; it
+// grows every time the slot changes hands.
+func (p *Permit) Fence() uint64 { return p.fence }
+
+// Done is closed when the permit is released or lost.
+func (p *Permit) Done() <-chan struct{} { return p.done }
+
+// Err is nil while held, ErrReleased after Release, and wraps
+// tokensem.ErrLeaseLost with its cause after a loss.
+func (p *Permit) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// Deadline returns the local time after which the permit is lost unless a
+// renewal succeeds first.
+func (p *Permit) Deadline() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.deadline
+}
+
+func (p *Permit) run() {
+	defer close(p.exited)
+	defer p.stop()
+	interval, retry := p.lease/3, p.lease/10
+	renew := time.NewTimer(interval)
+	defer renew.Stop()
+	expire := time.NewTimer(time.Until(p.Deadline()))
+	defer expire.Stop()
+	var lastErr error
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-expire.C:
+			p.lose(fmt.Errorf("%w (last error: %v)", errLeaseExpired, lastErr))
+			return
+		case <-renew.C:
+			err := p.renew()
+			switch {
+			case err == nil:
+				expire.Reset(time.Until(p.Deadline()))
+				renew.Reset(interval)
+			case errors.Is(err, errTakenOver), errors.Is(err, nats.ErrConnectionClosed):
+				p.lose(err)
+				return
+			default:
+				lastErr = err
+				p.s.log.Warn("permit renewal failed; retrying", "index", p.tok.Index, "err", err)
+				renew.Reset(retry)
+			}
+		}
+	}
+}
+
+// renew rewrites the slot record (compare-and-set on our revision) and then
+// tells the server the delivery is still in progress. The deadline moves
+// only by a write that is known to have landed.
+func (p *Permit) renew() error {
+	ctx, cancel := context.WithDeadline(p.ctx, p.Deadline())
+	defer cancel()
+	sent := time.Now()
+	if err := p.write(ctx, p.rec); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.deadline = sent.Add(p.lease - p.lease/5)
+	p.mu.Unlock()
+	return wrapBrokerErr(p.s.nc.Publish(p.reply, ackProgress))
+}
+
+// write replaces the slot record by compare-and-set on the permit's
+// revision. A conflict or an unanswered write is resolved by reading the
+// record: if it still names this permit's holder, an earlier write of ours
+// landed unseen, so we retry at its revision (a renewal must land now to
+// move the deadline); if it is free and released by us, our release landed;
+// otherwise the slot was taken over.
+func (p *Permit) write(ctx context.Context, rec record) error {
+	for attempt := 0; attempt < 3; attempt++ {
+		p.mu.Lock()
+		rev := p.rev
+		p.mu.Unlock()
+		newRev, err := p.s.cas(ctx, p.tok.Index, rec, rev)
+		if err == nil {
+			p.setRev(newRev)
+			return nil
+		}
+		got, rerr := p.s.readRecord(ctx, p.tok.Index)
+		if rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		switch {
+		case rec.free() && got.rec.free() && got.rec.By == p.holder:
+			p.setRev(got.rev)
+			return nil
+		case got.rec.Holder == p.holder:
+			p.setRev(got.rev)
+		default:
+			return fmt.Errorf("%w: record now held by %q at revision %d", errTakenOver, got.rec.Owner, got.rev)
+		}
+	}
+	return fmt.Errorf("natssem: slot record of %s keeps changing", p.tok)
+}
+
+func (p *Permit) setRev(rev uint64) {
+	p.mu.Lock()
+	p.rev = rev
+	p.mu.Unlock()
+}
+
+func (p *Permit) lose(cause error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state == held || p.state == releasing {
+		p.state = lost
+		p.err = fmt.Errorf("%w: %s: %w", tokensem.ErrLeaseLost, p.tok, cause)
+		close(p.done)
+		p.s.log.Warn("permit lost", "index", p.tok.Index, "fence", p.fence, "cause", cause)
+	}
+}
+
+// Release frees the slot record by compare-and-set and only then hands the
+// token to the next waiter (Nak). A permit that was lost is not touched: its
+// token may already belong to someone else. Release finishes its broker
+// write even when ctx is already cancelled (bounded by the request
+// timeout), so `defer p.Release(ctx)` works after ctx ends.
+//
+// Errors: tokensem.ErrReleased (second call), an error wrapping
+// tokensem.ErrLeaseLost, or a broker error (the permit is then given up and
+// its token returns to the semaphore within one lease).
+func (p *Permit) Release(ctx context.Context) error {
+	p.mu.Lock()
+	switch p.state {
+	case released, releasing:
+		p.mu.Unlock()
+		return tokensem.ErrReleased
+	case lost:
+		err := p.err
+		p.mu.Unlock()
+		return err
+	}
+	p.state = releasing
+	p.mu.Unlock()
+	p.stop()
+	<-p.exited
+
+	p.mu.Lock()
+	if p.state == lost {
+		err := p.err
+		p.mu.Unlock()
+		return err
+	}
+	expired := time.Now().After(p.deadline)
+	p.mu.Unlock()
+	if expired {
+		p.lose(errLeaseExpired)
+		return p.Err()
+	}
+
+	free := record{Seq: p.seq, Token: p.tok.ID, By: p.holder}
+	wctx, cancel := p.s.rtt(context.WithoutCancel(ctx))
+	defer cancel()
+	if err := p.write(wctx, free); err != nil {
+		if errors.Is(err, errTakenOver) {
+			p.lose(err)
+			return p.Err()
+		}
+		p.lose(fmt.Errorf("release not confirmed, token returns after the lease: %w", err))
+		return p.Err()
+	}
+	// The record is free and was ours until now: only now may the token go.
+	if err := p.s.returned.nak(p.reply); err != nil {
+		p.s.log.Warn("released, but the token's hand-back failed; it returns after the lease", "err", err)
+	}
+	p.mu.Lock()
+	p.state, p.err = released, tokensem.ErrReleased
+	close(p.done)
+	p.mu.Unlock()
+	p.s.log.Debug("permit released", "index", p.tok.Index)
+	return nil
+}

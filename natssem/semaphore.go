@@ -1,0 +1,426 @@
+package natssem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+)
+
+var _ tokensem.Semaphore = (*Semaphore)(nil)
+
+// Resource names of a semaphore called name.
+const (
+	streamPrefix = "TOKENSEM_" // token stream: TOKENSEM_<name>
+	bucketPrefix = "tokensem_" // KV bucket:   tokensem_<name>
+	consumerName = "holders"
+)
+
+// StreamName returns the name of the token stream of semaphore name.
+func StreamName(name string) string { return streamPrefix + name }
+
+// BucketName returns the name of the KV bucket of semaphore name.
+func BucketName(name string) string { return bucketPrefix + name }
+
+// Subject returns the subject the tokens of semaphore name are published on.
+func Subject(name string) string { return "tokensem." + name + ".tokens" }
+
+// Semaphore is a distributed semaphore whose permits are token messages in
+// a JetStream work-queue stream. Create one with Init or Open; it is safe for
+// concurrent use.
+type Semaphore struct {
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	kv       jetstream.KeyValue
+	stream   jetstream.Stream
+	name     string
+	opts     options
+	codec    tokensem.Codec
+	log      *slog.Logger
+	pullSubj string
+	returned *handbacks
+
+	mu     sync.Mutex
+	cfg    config
+	cache  map[int]cachedRecord // slot records this client wrote or read last
+	closed bool
+	done   chan struct{} // closed by Close: wakes waiting Acquire calls
+}
+
+type cachedRecord struct {
+	rec     record
+	rev     uint64
+	written time.Time // server time of the write; zero for our own writes
+}
+
+// Init creates semaphore name with permits tokens, or opens it if it already
+// exists with the same number of permits. It is idempotent and safe to run
+// from many processes at once: exactly one of them publishes the tokens, the
+// others wait for it (bounded by ctx).
+//
+// Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidPermits,
+// tokensem.ErrInvalidOption, tokensem.ErrPermitMismatch (exists with another
+// count), tokensem.ErrKeyMismatch, or a wrapped broker error.
+func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...Option) (*Semaphore, error) {
+	if err := tokensem.ValidateName(name); err != nil {
+		return nil, err
+	}
+	if err := tokensem.ValidatePermits(permits); err != nil {
+		return nil, err
+	}
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	s, err := newSemaphore(nc, name, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.createResources(ctx, permits); err != nil {
+		return nil, err
+	}
+	cfg, err := s.createConfig(ctx, permits)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Lease != o.Lease && o.leaseSet {
+		s.log.Warn("semaphore exists with another lease; using the stored one",
+			"semaphore", name, "stored", cfg.Lease, "requested", o.Lease)
+	}
+	s.cfg = cfg
+	return s, nil
+}
+
+// Open opens an existing semaphore; only its name is needed, the rest is read
+// from the broker.
+//
+// Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidOption,
+// tokensem.ErrNotInitialized (no such semaphore, or Init has not finished),
+// tokensem.ErrKeyMismatch, or a wrapped broker error.
+func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Semaphore, error) {
+	if err := tokensem.ValidateName(name); err != nil {
+		return nil, err
+	}
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	s, err := newSemaphore(nc, name, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.bind(ctx); err != nil {
+		return nil, err
+	}
+	cfg, _, err := s.readConfig(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.State != stateReady {
+		return nil, fmt.Errorf("%w: %s is still being created", tokensem.ErrNotInitialized, name)
+	}
+	if err := s.checkKey(cfg); err != nil {
+		return nil, err
+	}
+	s.cfg = cfg
+	return s, nil
+}
+
+func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil NATS connection", tokensem.ErrInvalidOption)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("natssem: %w", err)
+	}
+	return &Semaphore{
+		nc:       nc,
+		js:       js,
+		name:     name,
+		opts:     o,
+		codec:    tokensem.NewCodec(o.Key),
+		log:      o.Logger.With("semaphore", name),
+		pullSubj: "$JS.API.CONSUMER.MSG.NEXT." + StreamName(name) + "." + consumerName,
+		cache:    make(map[int]cachedRecord),
+		returned: newHandbacks(nc),
+		done:     make(chan struct{}),
+	}, nil
+}
+
+// rtt returns a context bounded by the request timeout for one round trip.
+func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opts.RequestTimeout)
+}
+
+func (s *Semaphore) createResources(ctx context.Context, permits int) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	stream, err := s.js.CreateStream(rctx, jetstream.StreamConfig{
+		Name:        StreamName(s.name),
+		Description: "tokensem tokens of " + s.name,
+		Subjects:    []string{Subject(s.name)},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.opts.replicas,
+		Discard:     jetstream.DiscardOld,
+		Duplicates:  2 * time.Minute,
+		AllowDirect: true,
+	})
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+		stream, err = s.js.Stream(rctx, StreamName(s.name))
+		if err != nil {
+			return wrapBrokerErr(err)
+		}
+	case err != nil:
+		return wrapBrokerErr(err)
+	}
+	s.stream = stream
+	lease := s.opts.Lease
+	if _, err := stream.CreateConsumer(rctx, jetstream.ConsumerConfig{
+		Durable:       consumerName,
+		Description:   "tokensem holders of " + s.name,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       lease,
+		MaxDeliver:    -1,
+		MaxWaiting:    s.opts.maxWaiters,
+		MaxAckPending: -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+		return wrapBrokerErr(err)
+	}
+	kv, err := s.js.CreateKeyValue(rctx, jetstream.KeyValueConfig{
+		Bucket:      BucketName(s.name),
+		Description: "tokensem config and slot leases of " + s.name,
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.opts.replicas,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = s.js.KeyValue(rctx, BucketName(s.name))
+	}
+	if err != nil {
+		return wrapBrokerErr(err)
+	}
+	s.kv = kv
+	return nil
+}
+
+// bind finds the resources of an existing semaphore.
+func (s *Semaphore) bind(ctx context.Context) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	kv, err := s.js.KeyValue(rctx, BucketName(s.name))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+	}
+	if err != nil {
+		return wrapBrokerErr(err)
+	}
+	stream, err := s.js.Stream(rctx, StreamName(s.name))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: %s has no token stream", tokensem.ErrNotInitialized, s.name)
+	}
+	if err != nil {
+		return wrapBrokerErr(err)
+	}
+	s.kv, s.stream = kv, stream
+	return nil
+}
+
+func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	e, err := s.kv.Get(rctx, configKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return config{}, 0, fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
+	}
+	if err != nil {
+		return config{}, 0, wrapBrokerErr(err)
+	}
+	cfg, err := decodeConfig(e.Value())
+	return cfg, e.Revision(), err
+}
+
+func (s *Semaphore) checkKey(cfg config) error {
+	if got := s.codec.KeyCheck(); got != cfg.KeyCheck {
+		switch {
+		case cfg.KeyCheck == "":
+			return fmt.Errorf("%w: %s is unsigned but a key was given", tokensem.ErrKeyMismatch, s.name)
+		case got == "":
+			return fmt.Errorf("%w: %s has signed tokens; a key is required", tokensem.ErrKeyMismatch, s.name)
+		default:
+			return fmt.Errorf("%w: %s was created with another key", tokensem.ErrKeyMismatch, s.name)
+		}
+	}
+	return nil
+}
+
+// seedStallTimeout is how long a creator may take to publish the tokens
+// before another Init takes the job over. It is well inside the stream's
+// 2-minute duplicate window, so a takeover republishing the same message IDs
+// cannot create duplicates.
+const seedStallTimeout = 30 * time.Second
+
+// createConfig makes sure the configuration exists and the tokens are
+// published exactly once, whoever else runs Init at the same time.
+func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, error) {
+	me := tokensem.NewToken(s.name, 0, 1).ID
+	want := config{
+		Version: configVersion, Permits: permits, Lease: s.opts.Lease, Epoch: 1,
+		KeyCheck: s.codec.KeyCheck(), State: stateSeeding, Seeder: me,
+		Created: time.Now().UnixMilli(),
+	}
+	for {
+		rctx, cancel := s.rtt(ctx)
+		rev, err := s.kv.Create(rctx, configKey, mustJSON(want))
+		cancel()
+		if err == nil {
+			return s.seed(ctx, want, rev)
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return config{}, wrapBrokerErr(err)
+		}
+		cfg, rev, err := s.readConfig(ctx)
+		if err != nil {
+			return config{}, err
+		}
+		if cfg.Permits != permits {
+			return config{}, fmt.Errorf("%w: %s has %d permits, not %d", tokensem.ErrPermitMismatch, s.name, cfg.Permits, permits)
+		}
+		if err := s.checkKey(cfg); err != nil {
+			return config{}, err
+		}
+		if cfg.State == stateReady {
+			return cfg, nil
+		}
+		// Someone else is seeding: wait for them, or take over if they stalled.
+		if time.Since(time.UnixMilli(cfg.Created)) > seedStallTimeout {
+			cfg.Seeder, cfg.Created = me, time.Now().UnixMilli()
+			rctx, cancel := s.rtt(ctx)
+			rev, err = s.kv.Update(rctx, configKey, mustJSON(cfg), rev)
+			cancel()
+			if err == nil {
+				s.log.Warn("took over a stalled token seeding")
+				return s.seed(ctx, cfg, rev)
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return config{}, fmt.Errorf("natssem: waiting for another Init of %s: %w", s.name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// seed publishes the tokens of cfg's epoch, deduplicated by message ID, then
+// marks the configuration ready.
+func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, error) {
+	const batch = 1000
+	for lo := 0; lo < cfg.Permits; lo += batch {
+		var acks []jetstream.PubAckFuture
+		for i := lo; i < min(lo+batch, cfg.Permits); i++ {
+			b, err := s.codec.Encode(tokensem.NewToken(s.name, i, cfg.Epoch))
+			if err != nil {
+				return config{}, err
+			}
+			id := s.name + "." + strconv.FormatUint(cfg.Epoch, 10) + "." + strconv.Itoa(i)
+			f, err := s.js.PublishAsync(Subject(s.name), b, jetstream.WithMsgID(id))
+			if err != nil {
+				return config{}, wrapBrokerErr(err)
+			}
+			acks = append(acks, f)
+		}
+		for _, f := range acks {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				return config{}, wrapBrokerErr(err)
+			case <-ctx.Done():
+				return config{}, ctx.Err()
+			}
+		}
+	}
+	cfg.State = stateReady
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	if _, err := s.kv.Update(rctx, configKey, mustJSON(cfg), rev); err != nil {
+		return config{}, wrapBrokerErr(err)
+	}
+	s.log.Info("semaphore created", "permits", cfg.Permits, "lease", cfg.Lease)
+	return cfg, nil
+}
+
+// Name returns the semaphore's name.
+func (s *Semaphore) Name() string { return s.name }
+
+// Permits returns the number of permits as last read from the broker.
+func (s *Semaphore) Permits() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.Permits
+}
+
+// Lease returns the semaphore's lease.
+func (s *Semaphore) Lease() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.Lease
+}
+
+func (s *Semaphore) config() config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg
+}
+
+// refreshConfig re-reads the configuration (it changes on resize).
+func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
+	cfg, _, err := s.readConfig(ctx)
+	if err != nil {
+		return config{}, err
+	}
+	s.mu.Lock()
+	s.cfg = cfg
+	s.mu.Unlock()
+	return cfg, nil
+}
+
+// Close makes later calls return tokensem.ErrClosed and wakes callers
+// blocked in Acquire (they return ErrClosed). Held permits stay valid until
+// released or lost. The NATS connection belongs to the caller and stays open.
+func (s *Semaphore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+		s.returned.close()
+	}
+	return nil
+}
+
+func (s *Semaphore) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func mustJSON(c config) []byte {
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -1,0 +1,78 @@
+package tokensem
+
+import (
+	"context"
+	"time"
+)
+
+// Semaphore is a distributed counting semaphore of a fixed number of
+// permits. Implementations (natssem.Semaphore, amqpsem.Semaphore) are safe
+// for concurrent use by many goroutines; every process that opens the same
+// semaphore shares its permits.
+type Semaphore interface {
+	// Acquire blocks until a permit is held or ctx ends. Waiters are served
+	// in the order they started waiting. On failure it returns ctx.Err() (or
+	// a broker error) and leaves the semaphore unchanged: no permit is taken
+	// and no token is stranded. If ctx is already done, Acquire returns
+	// ctx.Err() without contacting the broker.
+	Acquire(ctx context.Context) (Permit, error)
+	// TryAcquire takes a permit if one is free now and returns ErrNoPermit
+	// at once otherwise. ctx bounds the broker round trips.
+	TryAcquire(ctx context.Context) (Permit, error)
+	// Status takes a census of the semaphore's tokens and holders.
+	Status(ctx context.Context) (Status, error)
+	// Close stops the semaphore's background work and makes later calls
+	// return ErrClosed. Permits already held stay valid until released or
+	// lost. Close is idempotent.
+	Close() error
+}
+
+// Permit is one held permit. It owns the renewal of its lease until it is
+// released or lost.
+type Permit interface {
+	// Token returns the token this permit holds.
+	Token() Token
+	// Fence returns the fencing number of this permit: it is larger than
+	// the fence of every earlier holder of the same slot, so a protected
+	// resource that remembers the highest fence it has seen per slot can
+	// reject a stale holder.
+	Fence() uint64
+	// Done is closed when the permit is released or lost.
+	Done() <-chan struct{}
+	// Err is nil while the permit is held, wraps ErrLeaseLost after a loss
+	// (with the cause) and is ErrReleased after a successful Release.
+	Err() error
+	// Release returns the permit to the semaphore. A second call returns
+	// ErrReleased; a call after a loss returns the loss (ErrLeaseLost) and
+	// touches nothing, because the token may already belong to someone else.
+	Release(ctx context.Context) error
+}
+
+// Status is a census of one semaphore.
+type Status struct {
+	Name      string        `json:"name"`
+	Backend   string        `json:"backend"`            // "nats" or "amqp"
+	Stream    string        `json:"stream,omitempty"`   // NATS: the token stream
+	Queue     string        `json:"queue,omitempty"`    // RabbitMQ: the token queue
+	Permits   int           `json:"permits"`            // configured N
+	Epoch     uint64        `json:"epoch"`              // current token generation
+	Lease     time.Duration `json:"lease_ns"`           // holders' lease
+	Tokens    int           `json:"tokens"`             // token messages present (valid or not)
+	Available int           `json:"available"`          // valid tokens not held
+	Held      int           `json:"held"`               // permits held now
+	Waiting   int           `json:"waiting"`            // callers blocked in Acquire
+	Duplicate []int         `json:"duplicates"`         // indices with more than one token
+	Missing   []int         `json:"missing"`            // indices in [0, N) with no token
+	Invalid   int           `json:"invalid"`            // junk, forged or retired tokens
+	Healthy   bool          `json:"healthy"`            // Tokens == Permits, nothing duplicated, missing or invalid
+	Holders   []Holder      `json:"holders,omitempty"`  // who holds what, when the backend can tell
+	Warnings  []string      `json:"warnings,omitempty"` // anything odd the census noticed
+}
+
+// Holder describes one held permit in a Status.
+type Holder struct {
+	Index    int       `json:"index"`
+	Owner    string    `json:"owner"`    // holder name (default host:pid)
+	Revision uint64    `json:"revision"` // revision of the slot record (>= the holder's fence)
+	Since    time.Time `json:"renewed"`  // server time of the last renewal
+}

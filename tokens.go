@@ -1,0 +1,175 @@
+package tokensem
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+)
+
+// A Token is one permit of a semaphore, stored as one broker message. The
+// index is the token's identity: a healthy semaphore of N permits holds
+// exactly one token for every index in [0, N). Two tokens with one index are
+// duplicates; an index with no token is a loss.
+type Token struct {
+	Semaphore string // name of the semaphore the token belongs to
+	Index     int    // slot, 0 <= Index < permits
+	Epoch     uint64 // generation of the token set; older epochs are retired
+	ID        string // unique per issued token (32 lowercase hex digits)
+}
+
+// String returns a short human form, "name[index]@epoch".
+func (t Token) String() string {
+	return fmt.Sprintf("%s[%d]@%d", t.Semaphore, t.Index, t.Epoch)
+}
+
+// NewToken returns a token for slot index of epoch with a fresh random ID.
+func NewToken(semaphore string, index int, epoch uint64) Token {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("tokensem: crypto/rand failed: " + err.Error()) // never happens on supported platforms
+	}
+	return Token{Semaphore: semaphore, Index: index, Epoch: epoch, ID: hex.EncodeToString(b[:])}
+}
+
+// Token wire format, version 1:
+//
+//	t1.<semaphore>.<index>.<epoch>.<id>.<signature>
+//
+// index and epoch are decimal, id is 32 lowercase hex digits, and signature is
+// the unpadded base64url HMAC-SHA256 of everything before it (including the
+// final '.') under the shared key, or empty when the codec has no key.
+// Semaphore names cannot contain '.', so the fields are unambiguous.
+const (
+	tokenPrefix = "t1."
+	// MaxTokenLen bounds an encoded token; longer input is junk.
+	MaxTokenLen = 256
+	keyCheckMsg = "tokensem key check v1"
+)
+
+// A Codec encodes and decodes tokens, signing and verifying them when it has
+// a key. The zero Codec neither signs nor verifies. A Codec is immutable and
+// safe for concurrent use.
+type Codec struct {
+	key []byte
+}
+
+// NewCodec returns a codec that signs with key and, on decode, rejects
+// tokens whose signature is missing or does not verify. A nil or empty key
+// returns the zero Codec.
+func NewCodec(key []byte) Codec {
+	if len(key) == 0 {
+		return Codec{}
+	}
+	return Codec{key: bytes.Clone(key)}
+}
+
+// Signed reports whether the codec has a signing key.
+func (c Codec) Signed() bool { return len(c.key) > 0 }
+
+// KeyCheck returns a short fingerprint of the key (empty without one). It is
+// stored with a semaphore's configuration so that a client with a different
+// key is refused at Open instead of discarding every token as forged.
+func (c Codec) KeyCheck() string {
+	if !c.Signed() {
+		return ""
+	}
+	return hex.EncodeToString(c.mac([]byte(keyCheckMsg))[:8])
+}
+
+func (c Codec) mac(b []byte) []byte {
+	m := hmac.New(sha256.New, c.key)
+	m.Write(b)
+	return m.Sum(nil)
+}
+
+// Encode returns the wire form of t, signed when the codec has a key. It
+// fails (wrapping ErrInvalidToken) when t itself is not well formed.
+func (c Codec) Encode(t Token) ([]byte, error) {
+	if err := t.validate(); err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, 128)
+	b = append(b, tokenPrefix...)
+	b = append(b, t.Semaphore...)
+	b = append(b, '.')
+	b = strconv.AppendInt(b, int64(t.Index), 10)
+	b = append(b, '.')
+	b = strconv.AppendUint(b, t.Epoch, 10)
+	b = append(b, '.')
+	b = append(b, t.ID...)
+	b = append(b, '.')
+	if c.Signed() {
+		b = base64.RawURLEncoding.AppendEncode(b, c.mac(b))
+	}
+	return b, nil
+}
+
+// Decode parses a token. Malformed input returns an error wrapping
+// ErrInvalidToken. With a key, a missing or wrong signature returns an
+// error wrapping ErrForgedToken. Without a key, signatures are not checked.
+func (c Codec) Decode(b []byte) (Token, error) {
+	if len(b) > MaxTokenLen {
+		return Token{}, fmt.Errorf("%w: %d bytes (max %d)", ErrInvalidToken, len(b), MaxTokenLen)
+	}
+	if !bytes.HasPrefix(b, []byte(tokenPrefix)) {
+		return Token{}, fmt.Errorf("%w: unknown format %q", ErrInvalidToken, clip(b))
+	}
+	f := bytes.Split(b[len(tokenPrefix):], []byte{'.'})
+	if len(f) != 5 {
+		return Token{}, fmt.Errorf("%w: %d fields, want 5: %q", ErrInvalidToken, len(f), clip(b))
+	}
+	idx, err := strconv.ParseUint(string(f[1]), 10, 31)
+	if err != nil {
+		return Token{}, fmt.Errorf("%w: index %q", ErrInvalidToken, f[1])
+	}
+	epoch, err := strconv.ParseUint(string(f[2]), 10, 64)
+	if err != nil {
+		return Token{}, fmt.Errorf("%w: epoch %q", ErrInvalidToken, f[2])
+	}
+	t := Token{Semaphore: string(f[0]), Index: int(idx), Epoch: epoch, ID: string(f[3])}
+	if err := t.validate(); err != nil {
+		return Token{}, err
+	}
+	if c.Signed() {
+		sig := f[4]
+		if len(sig) == 0 {
+			return Token{}, fmt.Errorf("%w: %s is unsigned", ErrForgedToken, t)
+		}
+		got, err := base64.RawURLEncoding.DecodeString(string(sig))
+		signed := b[:len(b)-len(sig)]
+		if err != nil || !hmac.Equal(got, c.mac(signed)) {
+			return Token{}, fmt.Errorf("%w: %s has a bad signature", ErrForgedToken, t)
+		}
+	}
+	return t, nil
+}
+
+func (t Token) validate() error {
+	if err := ValidateName(t.Semaphore); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidToken, err)
+	}
+	if t.Index < 0 || t.Index >= MaxPermits {
+		return fmt.Errorf("%w: index %d out of range", ErrInvalidToken, t.Index)
+	}
+	if len(t.ID) != 32 {
+		return fmt.Errorf("%w: id %q is not 32 hex digits", ErrInvalidToken, t.ID)
+	}
+	for i := 0; i < len(t.ID); i++ {
+		if c := t.ID[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return fmt.Errorf("%w: id %q is not 32 hex digits", ErrInvalidToken, t.ID)
+		}
+	}
+	return nil
+}
+
+func clip(b []byte) []byte {
+	if len(b) > 40 {
+		return b[:40]
+	}
+	return b
+}
