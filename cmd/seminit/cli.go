@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Exit codes, after sysexits.h.
+const (
+	exitOK          = 0
+	exitFailure     = 1  // the operation ran and failed (e.g. unhealthy)
+	exitUsage       = 64 // EX_USAGE: bad flags or bad input
+	exitSoftware    = 70 // EX_SOFTWARE: exec lost its permit and stopped the child
+	exitUnavailable = 69 // EX_UNAVAILABLE: broker unreachable
+	exitNoPermit    = 75 // EX_TEMPFAIL: no permit within --wait
+	exitNoAuth      = 77 // EX_NOPERM: the broker refused the credentials
+	exitConfig      = 78 // EX_CONFIG: not initialized, permit-count or key mismatch
+	exitHoldLimit   = 124
+)
+
+// DefaultURL is used when neither --url nor TOKENSEM_URL is set.
+const DefaultURL = "nats://127.0.0.1:4222"
+
+const usage = `seminit - distributed semaphores whose permits are broker messages
+
+Usage:
+  seminit server   [--listen 127.0.0.1:4222] [--store DIR]
+  seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
+  seminit status   --name NAME
+  seminit exec     --name NAME [--wait DUR] [--lease DUR] [--kill-after DUR] -- CMD [ARGS...]
+
+Flags common to init, status and exec:
+  --url URL        broker URL; the scheme picks the backend: nats:// (amqp:// and
+                   amqps:// come with the RabbitMQ backend). Default $TOKENSEM_URL,
+                   else ` + DefaultURL + `
+  --json           machine-readable output
+  --timeout DUR    bound on each broker round trip (default 10s)
+  --key-file PATH  shared token signing key (else $TOKENSEM_KEY, else unsigned)
+
+Exit codes: 0 ok, 1 failed, 64 usage or bad input, 69 broker unreachable,
+70 exec: permit lost (child stopped), 75 no permit within --wait, 77 credentials
+refused, 78 not initialized or permit-count/key mismatch, 124 exec: --lease ran
+out (child stopped); otherwise exec exits with the command's status.
+`
+
+// globals are the flags every broker verb shares.
+type globals struct {
+	url     string
+	json    bool
+	timeout time.Duration
+	keyFile string
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	def := os.Getenv("TOKENSEM_URL")
+	if def == "" {
+		def = DefaultURL
+	}
+	fs.StringVar(&g.url, "url", def, "broker URL")
+	fs.BoolVar(&g.json, "json", false, "JSON output")
+	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on each broker round trip")
+	fs.StringVar(&g.keyFile, "key-file", "", "token signing key file")
+}
+
+// key returns the signing key from --key-file or $TOKENSEM_KEY, if any.
+func (g *globals) key() ([]byte, error) {
+	if g.keyFile != "" {
+		b, err := os.ReadFile(g.keyFile)
+		if err != nil {
+			return nil, usageErr{fmt.Errorf("key file: %w", err)}
+		}
+		return []byte(strings.TrimRight(string(b), "\r\n")), nil
+	}
+	if k := os.Getenv("TOKENSEM_KEY"); k != "" {
+		return []byte(k), nil
+	}
+	return nil, nil
+}
+
+// env carries a command's streams.
+type env struct {
+	stdout, stderr io.Writer
+}
+
+func (e env) printJSON(v any) {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, e env, args []string) error
+}
+
+var commands = map[string]command{
+	"server": {"run an embedded NATS JetStream server", runServer},
+	"init":   {"create a semaphore (idempotent)", runInit},
+	"status": {"show a semaphore's census", runStatus},
+	"exec":   {"run a command while holding a permit", runExec},
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "seminit: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	err := cmd.run(ctx, env{stdout: stdout, stderr: stderr}, args[1:])
+	if err == nil {
+		return exitOK
+	}
+	code := exitCode(err)
+	var ec exitCodeErr
+	if !errors.As(err, &ec) || ec.err != nil {
+		fmt.Fprintf(stderr, "seminit %s: %v\n", args[0], err)
+	}
+	return code
+}
+
+// usageErr marks bad flags or arguments.
+type usageErr struct{ err error }
+
+func (u usageErr) Error() string { return u.err.Error() }
+func (u usageErr) Unwrap() error { return u.err }
+
+// unavailableErr marks a broker that could not be reached.
+type unavailableErr struct{ err error }
+
+func (u unavailableErr) Error() string { return u.err.Error() }
+func (u unavailableErr) Unwrap() error { return u.err }
+
+// authErr marks credentials the broker refused.
+type authErr struct{ err error }
+
+func (a authErr) Error() string { return a.err.Error() }
+func (a authErr) Unwrap() error { return a.err }
+
+// exitCodeErr carries an explicit exit code (exec passes the child's on).
+type exitCodeErr struct {
+	code int
+	err  error // printed when not nil
+}
+
+func (e exitCodeErr) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+func (e exitCodeErr) Unwrap() error { return e.err }
+
+func exitCode(err error) int {
+	var (
+		ec exitCodeErr
+		ue usageErr
+		ua unavailableErr
+		ae authErr
+	)
+	switch {
+	case errors.As(err, &ec):
+		return ec.code
+	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp),
+		errors.Is(err, tokensem.ErrInvalidName), errors.Is(err, tokensem.ErrInvalidPermits),
+		errors.Is(err, tokensem.ErrInvalidOption):
+		return exitUsage
+	case errors.As(err, &ae):
+		return exitNoAuth
+	case errors.As(err, &ua):
+		return exitUnavailable
+	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrPermitMismatch),
+		errors.Is(err, tokensem.ErrKeyMismatch):
+		return exitConfig
+	case errors.Is(err, tokensem.ErrNoPermit), errors.Is(err, context.DeadlineExceeded):
+		return exitNoPermit
+	default:
+		return exitFailure
+	}
+}
+
+// parse parses a verb's flags; it rejects positional arguments unless
+// allowArgs.
+func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return usageErr{fmt.Errorf("%s", usage)}
+		}
+		return usageErr{err}
+	}
+	if !allowArgs && fs.NArg() > 0 {
+		return usageErr{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	return nil
+}
+
+func requireName(name string) error {
+	if name == "" {
+		return usageErr{errors.New("--name is required")}
+	}
+	return tokensem.ValidateName(name)
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// runExec acquires a permit, runs a command while holding it, releases it
+// and exits with the command's status. If the permit is lost, or --lease
+// runs out, the command's process group gets SIGTERM, then SIGKILL after
+// --kill-after. SIGINT or SIGTERM to seminit is passed on to the command.
+func runExec(ctx context.Context, e env, args []string) error {
+	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	var g globals
+	g.register(fs)
+	name := fs.String("name", "", "semaphore name")
+	wait := fs.Duration("wait", 0, "give up (exit 75) if no permit comes within DUR (default: wait indefinitely)")
+	hold := fs.Duration("lease", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
+	killAfter := fs.Duration("kill-after", 10*time.Second, "after SIGTERM, SIGKILL the command if it has not exited within DUR")
+	if err := parse(fs, args, true); err != nil {
+		return err
+	}
+	if err := requireName(*name); err != nil {
+		return err
+	}
+	argv := fs.Args()
+	if len(argv) == 0 {
+		return usageErr{errors.New("no command given (seminit exec --name NAME -- CMD [ARGS...])")}
+	}
+	if *wait < 0 || *hold < 0 || *killAfter <= 0 {
+		return usageErr{errors.New("--wait and --lease must not be negative, --kill-after must be positive")}
+	}
+	key, err := g.key()
+	if err != nil {
+		return err
+	}
+	b, err := connect(ctx, &g)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	s, err := b.open(ctx, *name, semOptions{key: key, timeout: g.timeout})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if *wait > 0 {
+		actx, cancel = context.WithTimeout(ctx, *wait)
+	}
+	p, err := s.Acquire(actx)
+	cancel()
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return exitCodeErr{code: 130, err: errors.New("interrupted while waiting for a permit")}
+	case errors.Is(err, context.DeadlineExceeded):
+		return exitCodeErr{code: exitNoPermit, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
+	default:
+		return classifyNATS(err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), tokensem.ReleaseTimeout)
+		defer cancel()
+		if err := p.Release(rctx); err != nil && !errors.Is(err, tokensem.ErrReleased) && !errors.Is(err, tokensem.ErrLeaseLost) {
+			fmt.Fprintf(e.stderr, "seminit exec: release: %v\n", err)
+		}
+	}()
+
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
+	cmd.Env = append(os.Environ(),
+		"TOKENSEM_NAME="+*name,
+		"TOKENSEM_SLOT="+strconv.Itoa(p.Token().Index),
+		"TOKENSEM_FENCE="+strconv.FormatUint(p.Fence(), 10),
+	)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return exitCodeErr{code: 127, err: fmt.Errorf("start %s: %w", argv[0], err)}
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	var holdC <-chan time.Time
+	if *hold > 0 {
+		t := time.NewTimer(*hold)
+		defer t.Stop()
+		holdC = t.C
+	}
+	select {
+	case err := <-exited:
+		return childExit(err)
+	case <-p.Done():
+		stopChild(cmd, exited, *killAfter)
+		return exitCodeErr{code: exitSoftware, err: fmt.Errorf("permit lost, command stopped: %v", p.Err())}
+	case <-holdC:
+		stopChild(cmd, exited, *killAfter)
+		return exitCodeErr{code: exitHoldLimit, err: fmt.Errorf("held the permit for --lease %v, command stopped", *hold)}
+	case <-ctx.Done():
+		return childExit(stopChild(cmd, exited, *killAfter))
+	}
+}
+
+// stopChild sends SIGTERM to the command's process group, SIGKILL after
+// grace, and returns the command's wait error.
+func stopChild(cmd *exec.Cmd, exited <-chan error, grace time.Duration) error {
+	pgid := -cmd.Process.Pid
+	_ = syscall.Kill(pgid, syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case err := <-exited:
+		return err
+	case <-t.C:
+		_ = syscall.Kill(pgid, syscall.SIGKILL)
+		return <-exited
+	}
+}
+
+// childExit converts the command's wait error into seminit's exit: the
+// command's own code, or 128+signal when a signal ended it.
+func childExit(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return exitCodeErr{code: 128 + int(ws.Signal())}
+		}
+		return exitCodeErr{code: ee.ExitCode()}
+	}
+	return exitCodeErr{code: exitFailure, err: err}
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// runInit creates a semaphore, or checks an existing one has the same
+// number of permits, and prints its status.
+func runInit(ctx context.Context, e env, args []string) error {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	var g globals
+	g.register(fs)
+	name := fs.String("name", "", "semaphore name")
+	permits := fs.Int("permits", 0, "number of permits (N > 0)")
+	lease := fs.Duration("lease", 0, "holder lease (default 15s)")
+	replicas := fs.Int("replicas", 0, "stream and KV replicas: 1 or 3 (default 1)")
+	if err := parse(fs, args, false); err != nil {
+		return err
+	}
+	if err := requireName(*name); err != nil {
+		return err
+	}
+	if err := tokensem.ValidatePermits(*permits); err != nil {
+		return err
+	}
+	key, err := g.key()
+	if err != nil {
+		return err
+	}
+	b, err := connect(ctx, &g)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	s, err := b.init(ctx, *name, *permits, semOptions{lease: *lease, replicas: *replicas, key: key, timeout: g.timeout})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return printStatus(ctx, e, &g, s, "ready")
+}
+
+// printStatus prints a semaphore's census.
+func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string) error {
+	sctx, cancel := context.WithTimeout(ctx, 3*g.timeout)
+	defer cancel()
+	st, err := s.Status(sctx)
+	if err != nil {
+		return classifyNATS(err)
+	}
+	if g.json {
+		e.printJSON(st)
+		return nil
+	}
+	resource := st.Stream
+	if resource == "" {
+		resource = st.Queue
+	}
+	fmt.Fprintf(e.stdout, "%s %s: %d permits (%s %s, lease %v, epoch %d)\n",
+		st.Name, verb, st.Permits, st.Backend, resource, st.Lease.Round(time.Millisecond), st.Epoch)
+	fmt.Fprintf(e.stdout, "  tokens %d, available %d, held %d, waiting %d\n", st.Tokens, st.Available, st.Held, st.Waiting)
+	health := "healthy"
+	if !st.Healthy {
+		health = fmt.Sprintf("UNHEALTHY: duplicates %v, missing %v, invalid %d", st.Duplicate, st.Missing, st.Invalid)
+	}
+	fmt.Fprintf(e.stdout, "  %s\n", health)
+	for _, h := range st.Holders {
+		fmt.Fprintf(e.stdout, "  slot %d held by %s (renewed %s)\n", h.Index, h.Owner, h.Since.Format(time.RFC3339))
+	}
+	return nil
+}
