@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // Defaults of the options shared by every backend.
@@ -92,11 +94,11 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithHolderName names this client in lease records and Status (1..128
-// bytes). Default "host:pid".
+// printable bytes, no control characters). Default "host:pid".
 func WithHolderName(name string) Option {
 	return func(o *Options) error {
-		if name == "" || len(name) > 128 {
-			return fmt.Errorf("%w: holder name must be 1..128 bytes", ErrInvalidOption)
+		if name == "" || len(name) > 128 || strings.ContainsFunc(name, unicode.IsControl) {
+			return fmt.Errorf("%w: holder name must be 1..128 bytes without control characters", ErrInvalidOption)
 		}
 		o.HolderName = name
 		return nil

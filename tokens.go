@@ -135,14 +135,20 @@ func (c Codec) Decode(b []byte) (Token, error) {
 	if err := t.validate(); err != nil {
 		return Token{}, err
 	}
+	// One token has exactly one spelling: the fields must be as Encode
+	// writes them (no leading zeros), and so must the signature (compared
+	// as text, so base64 variants with line breaks or stray low bits fail).
+	sig := f[4]
+	body := b[:len(b)-len(sig)]
+	want, _ := Codec{}.Encode(t)
+	if !bytes.Equal(body, want) {
+		return Token{}, fmt.Errorf("%w: non-canonical encoding %q", ErrInvalidToken, clip(b))
+	}
 	if c.Signed() {
-		sig := f[4]
 		if len(sig) == 0 {
 			return Token{}, fmt.Errorf("%w: %s is unsigned", ErrForgedToken, t)
 		}
-		got, err := base64.RawURLEncoding.DecodeString(string(sig))
-		signed := b[:len(b)-len(sig)]
-		if err != nil || !hmac.Equal(got, c.mac(signed)) {
+		if !hmac.Equal(sig, base64.RawURLEncoding.AppendEncode(nil, c.mac(body))) {
 			return Token{}, fmt.Errorf("%w: %s has a bad signature", ErrForgedToken, t)
 		}
 	}

@@ -54,7 +54,7 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 	if noWait {
 		s.returned.wait(ctx, s.opts.RequestTimeout)
 	}
-	w, err := s.newWaiter()
+	w, err := s.getWaiter()
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +88,7 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 					if !isDelivery(m) {
 						continue // not for us
 					}
+					w.ended()
 					noResponders = time.Time{}
 					// A claim is short and runs to its end even if ctx
 					// ends meanwhile: its outcome must be known.
@@ -102,10 +103,13 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 					break wait // stepped away: ask again
 				case "100": // idle heartbeat
 				case "404":
+					w.ended()
 					return nil, tokensem.ErrNoPermit
 				case "408":
+					w.ended()
 					break wait // our pull expired: re-issue it
 				case "409":
+					w.ended()
 					if isMaxWaiting(desc) {
 						return nil, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
 					}

@@ -2,7 +2,6 @@ package natssem
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,11 +46,13 @@ type Semaphore struct {
 	codec    tokensem.Codec
 	log      *slog.Logger
 	pullSubj string
+	waitPull []byte // body of a waiting pull request
 	returned *handbacks
 
 	mu     sync.Mutex
 	cfg    config
 	cache  map[int]cachedRecord // slot records this client wrote or read last
+	idle   []*waiter            // inboxes with no pull pending, for reuse
 	closed bool
 	done   chan struct{} // closed by Close: wakes waiting Acquire calls
 }
@@ -153,6 +154,7 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		pullSubj: "$JS.API.CONSUMER.MSG.NEXT." + StreamName(name) + "." + consumerName,
 		cache:    make(map[int]cachedRecord),
 		returned: newHandbacks(nc),
+		waitPull: mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
 		done:     make(chan struct{}),
 	}, nil
 }
@@ -407,6 +409,10 @@ func (s *Semaphore) Close() error {
 		s.closed = true
 		close(s.done)
 		s.returned.close()
+		for _, w := range s.idle {
+			_ = w.sub.Unsubscribe()
+		}
+		s.idle = nil
 	}
 	return nil
 }
@@ -417,10 +423,4 @@ func (s *Semaphore) isClosed() bool {
 	return s.closed
 }
 
-func mustJSON(c config) []byte {
-	b, err := json.Marshal(c)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
+func mustJSON(c config) []byte { return mustMarshal(c) }

@@ -21,8 +21,27 @@ type waiter struct {
 	sub   *nats.Subscription
 	ch    chan *nats.Msg
 
+	// pulls counts pull requests that may still be pending at the server:
+	// each pull adds one; a delivery, 404, 408 or 409 ends one. A waiter
+	// with none pending can be reused as is (no unsubscribe, no flush);
+	// one that gives up with a pull pending is drained.
+	pulls int
+
 	mu        sync.Mutex
 	abandoned bool
+}
+
+// maxIdleWaiters bounds the inboxes a semaphore keeps for reuse.
+const maxIdleWaiters = 64
+
+var noWaitPull = mustMarshal(pullRequest{Batch: 1, NoWait: true})
+
+func mustMarshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 type pullRequest struct {
@@ -32,7 +51,19 @@ type pullRequest struct {
 	NoWait    bool          `json:"no_wait,omitempty"`
 }
 
-func (s *Semaphore) newWaiter() (*waiter, error) {
+// getWaiter reuses an idle inbox or subscribes a new one.
+func (s *Semaphore) getWaiter() (*waiter, error) {
+	s.mu.Lock()
+	if n := len(s.idle); n > 0 {
+		w := s.idle[n-1]
+		s.idle = s.idle[:n-1]
+		s.mu.Unlock()
+		w.mu.Lock()
+		w.abandoned = false
+		w.mu.Unlock()
+		return w, nil
+	}
+	s.mu.Unlock()
 	w := &waiter{s: s, inbox: s.nc.NewInbox(), ch: make(chan *nats.Msg, 8)}
 	sub, err := s.nc.Subscribe(w.inbox, w.deliver)
 	if err != nil {
@@ -61,17 +92,29 @@ func (w *waiter) deliver(m *nats.Msg) {
 // expiry and is kept alive by idle heartbeats; a no-wait pull is answered at
 // once with a token or a 404.
 func (w *waiter) pull(noWait bool) error {
-	req := pullRequest{Batch: 1, NoWait: noWait}
-	if !noWait {
-		req.Expires, req.Heartbeat = w.s.opts.pullExpiry, w.s.opts.heartbeat
+	b := w.s.waitPull
+	if noWait {
+		b = noWaitPull
 	}
-	b, _ := json.Marshal(req)
-	return wrapBrokerErr(w.s.nc.PublishRequest(w.s.pullSubj, w.inbox, b))
+	if err := w.s.nc.PublishRequest(w.s.pullSubj, w.inbox, b); err != nil {
+		return wrapBrokerErr(err)
+	}
+	w.pulls++
+	return nil
 }
 
-// finish ends the waiter. Interest in the inbox is drained: the server stops
-// serving this waiter's pending pulls, and any token already on its way is
-// still received and given back.
+// ended records that the server finished one pull request.
+func (w *waiter) ended() {
+	if w.pulls > 0 {
+		w.pulls--
+	}
+}
+
+// finish ends the waiter. Tokens it received but did not claim are given
+// back. If no pull of it can still be pending at the server, its inbox is
+// kept for reuse; otherwise interest in the inbox is drained: the server
+// stops serving its pending pulls, and any token already on its way is still
+// received and given back.
 func (w *waiter) finish() {
 	w.mu.Lock()
 	w.abandoned = true
@@ -80,12 +123,23 @@ func (w *waiter) finish() {
 		select {
 		case m := <-w.ch:
 			w.s.giveBack(m)
+			continue
 		default:
-			if err := w.sub.Drain(); err != nil {
-				_ = w.sub.Unsubscribe()
-			}
+		}
+		break
+	}
+	s := w.s
+	if w.pulls == 0 {
+		s.mu.Lock()
+		if !s.closed && len(s.idle) < maxIdleWaiters {
+			s.idle = append(s.idle, w)
+			s.mu.Unlock()
 			return
 		}
+		s.mu.Unlock()
+	}
+	if err := w.sub.Drain(); err != nil {
+		_ = w.sub.Unsubscribe()
 	}
 }
 

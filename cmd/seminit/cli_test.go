@@ -1,0 +1,543 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// unreachable is a broker URL nothing listens on.
+const unreachable = "nats://127.0.0.1:1"
+
+func TestServerAnnounces(t *testing.T) {
+	out := serverOut.String()
+	line, _, _ := strings.Cut(out, "\n")
+	if !strings.HasPrefix(line, "seminit: NATS JetStream listening on "+serverURL+", store ") {
+		t.Fatalf("server's first line = %q, want it to name %s and its store", line, serverURL)
+	}
+}
+
+// TestUsage covers the cases that fail before any broker is contacted; it
+// calls run directly. Broker verbs get an unreachable --url, so a check
+// that slipped past validation would show up as exit 69, not 64.
+func TestUsage(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		want       int
+		wantStdout string
+		wantStderr string
+	}{
+		{"no args", nil, exitUsage, "Usage:", ""},
+		{"help", []string{"help"}, exitOK, "Usage:", ""},
+		{"--help", []string{"--help"}, exitOK, "Exit codes:", ""},
+		{"unknown verb", []string{"frobnicate"}, exitUsage, "", `unknown command "frobnicate"`},
+		{"init no name", []string{"init", "--url", unreachable, "--permits", "1"}, exitUsage, "", "--name is required"},
+		{"init bad name", []string{"init", "--url", unreachable, "--name", "a.b", "--permits", "1"}, exitUsage, "", "invalid semaphore name"},
+		{"status bad name", []string{"status", "--url", unreachable, "--name", "a.b"}, exitUsage, "", "invalid semaphore name"},
+		{"exec bad name", []string{"exec", "--url", unreachable, "--name", "a.b", "--", "true"}, exitUsage, "", "invalid semaphore name"},
+		{"zero permits", []string{"init", "--url", unreachable, "--name", "x", "--permits", "0"}, exitUsage, "", "invalid permit count"},
+		{"negative permits", []string{"init", "--url", unreachable, "--name", "x", "--permits", "-1"}, exitUsage, "", "invalid permit count"},
+		{"missing permits", []string{"init", "--url", unreachable, "--name", "x"}, exitUsage, "", "invalid permit count"},
+		{"init extra arg", []string{"init", "--url", unreachable, "--name", "x", "--permits", "1", "extra"}, exitUsage, "", `unexpected argument "extra"`},
+		{"unknown flag", []string{"status", "--url", unreachable, "--name", "x", "--bogus"}, exitUsage, "", "bogus"},
+		{"exec no command", []string{"exec", "--url", unreachable, "--name", "x"}, exitUsage, "", "no command given"},
+		{"exec no command after --", []string{"exec", "--url", unreachable, "--name", "x", "--"}, exitUsage, "", "no command given"},
+		{"exec negative wait", []string{"exec", "--url", unreachable, "--name", "x", "--wait", "-1s", "--", "true"}, exitUsage, "", "must not be negative"},
+		{"exec zero kill-after", []string{"exec", "--url", unreachable, "--name", "x", "--kill-after", "0s", "--", "true"}, exitUsage, "", "--kill-after must be positive"},
+		{"amqp url", []string{"init", "--url", "amqp://guest:secret@127.0.0.1:5672/", "--name", "x", "--permits", "1"}, exitUsage, "", "RabbitMQ backend is not available"},
+		{"amqp url status", []string{"status", "--url", "amqps://127.0.0.1:5671/", "--name", "x"}, exitUsage, "", "RabbitMQ backend is not available"},
+		{"not a url", []string{"status", "--url", "localhost", "--name", "x"}, exitUsage, "", "not a broker URL"},
+		{"other scheme", []string{"status", "--url", "http://127.0.0.1:1", "--name", "x"}, exitUsage, "", `scheme "http"`},
+		{"missing key file", []string{"status", "--url", unreachable, "--name", "x", "--key-file", "/nonexistent/key"}, exitUsage, "", "key file"},
+		{"server extra arg", []string{"server", "extra"}, exitUsage, "", `unexpected argument "extra"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			got := run(t.Context(), tc.args, &stdout, &stderr)
+			if got != tc.want {
+				t.Fatalf("run %q = %d, want %d\nstdout: %s\nstderr: %s", tc.args, got, tc.want, stdout.String(), stderr.String())
+			}
+			if !strings.Contains(stdout.String(), tc.wantStdout) {
+				t.Errorf("stdout = %q, want it to contain %q", stdout.String(), tc.wantStdout)
+			}
+			if !strings.Contains(stderr.String(), tc.wantStderr) {
+				t.Errorf("stderr = %q, want it to contain %q", stderr.String(), tc.wantStderr)
+			}
+			if strings.Contains(stderr.String(), "secret") {
+				t.Errorf("stderr shows the URL's password: %q", stderr.String())
+			}
+		})
+	}
+}
+
+// TestBrokerErrors covers exit codes that need a broker (or its absence).
+func TestBrokerErrors(t *testing.T) {
+	missing := uniqueName(t)
+	tests := []struct {
+		name       string
+		args       []string
+		want       int
+		wantStderr string
+	}{
+		{"status not initialized", []string{"status", "--name", missing}, exitConfig, "not initialized"},
+		{"status --json not initialized", []string{"status", "--json", "--name", missing}, exitConfig, "not initialized"},
+		{"exec not initialized", []string{"exec", "--name", missing, "--", "true"}, exitConfig, "not initialized"},
+		{"init lease too short", []string{"init", "--name", missing, "--permits", "1", "--lease", "1ms"}, exitUsage, "invalid option"},
+		{"status unreachable", []string{"status", "--url", unreachable, "--name", "x"}, exitUnavailable, "127.0.0.1:1"},
+		{"init unreachable", []string{"init", "--url", unreachable, "--name", "x", "--permits", "1"}, exitUnavailable, "127.0.0.1:1"},
+		{"exec unreachable", []string{"exec", "--url", unreachable, "--name", "x", "--", "true"}, exitUnavailable, "127.0.0.1:1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := seminit(t, tc.args...)
+			if r.code != tc.want {
+				t.Fatalf("seminit %q: %v\nwant exit %d", tc.args, r, tc.want)
+			}
+			if !strings.Contains(r.stderr, tc.wantStderr) {
+				t.Errorf("stderr = %q, want it to contain %q", r.stderr, tc.wantStderr)
+			}
+			if r.stdout != "" {
+				t.Errorf("stdout = %q, want nothing on failure", r.stdout)
+			}
+		})
+	}
+	// The failed init must not have created the semaphore.
+	if r := seminit(t, "status", "--name", missing); r.code != exitConfig {
+		t.Fatalf("status after a refused init: %v", r)
+	}
+}
+
+// statusJSON is the --json status, decoded twice: typed and raw.
+func statusJSON(t *testing.T, name string) (map[string]any, statusDoc) {
+	t.Helper()
+	r := seminit(t, "status", "--json", "--name", name)
+	if r.code != exitOK {
+		t.Fatalf("status --json: %v", r)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
+		t.Fatalf("status --json is not JSON: %v\n%s", err, r.stdout)
+	}
+	var doc statusDoc
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, r.stdout)
+	}
+	return raw, doc
+}
+
+type statusDoc struct {
+	Name       string `json:"name"`
+	Backend    string `json:"backend"`
+	Stream     string `json:"stream"`
+	Permits    int    `json:"permits"`
+	Tokens     int    `json:"tokens"`
+	Available  int    `json:"available"`
+	Held       int    `json:"held"`
+	Waiting    int    `json:"waiting"`
+	Duplicates []int  `json:"duplicates"`
+	Missing    []int  `json:"missing"`
+	Invalid    int    `json:"invalid"`
+	Healthy    bool   `json:"healthy"`
+}
+
+func TestInitStatus(t *testing.T) {
+	name := uniqueName(t)
+	r := seminit(t, "init", "--name", name, "--permits", "3")
+	if r.code != exitOK || !strings.Contains(r.stdout, name+" ready: 3 permits") || !strings.Contains(r.stdout, "healthy") {
+		t.Fatalf("init: %v", r)
+	}
+	r = seminit(t, "init", "--name", name, "--permits", "3")
+	if r.code != exitOK || !strings.Contains(r.stdout, name+" ready: 3 permits") {
+		t.Fatalf("second identical init: %v", r)
+	}
+	r = seminit(t, "init", "--name", name, "--permits", "4")
+	if r.code != exitConfig || !strings.Contains(r.stderr, "mismatch") {
+		t.Fatalf("init with another --permits: %v\nwant exit %d and \"mismatch\"", r, exitConfig)
+	}
+
+	raw, st := statusJSON(t, name)
+	for _, field := range []string{"name", "backend", "permits", "tokens", "available", "held", "waiting", "duplicates", "missing", "invalid", "healthy", "stream"} {
+		if _, ok := raw[field]; !ok {
+			t.Errorf("status --json has no %q: %v", field, raw)
+		}
+	}
+	for _, field := range []string{"duplicates", "missing"} {
+		if _, ok := raw[field].([]any); !ok {
+			t.Errorf("status --json %q = %#v, want a JSON list", field, raw[field])
+		}
+	}
+	want := statusDoc{Name: name, Backend: "nats", Stream: "TOKENSEM_" + name, Permits: 3, Tokens: 3, Available: 3,
+		Duplicates: []int{}, Missing: []int{}, Healthy: true}
+	if fmt.Sprint(st) != fmt.Sprint(want) {
+		t.Errorf("status --json = %+v\nwant %+v", st, want)
+	}
+
+	r = seminit(t, "status", "--name", name)
+	if r.code != exitOK || !strings.Contains(r.stdout, name+" status: 3 permits (nats TOKENSEM_"+name) ||
+		!strings.Contains(r.stdout, "tokens 3, available 3, held 0, waiting 0") {
+		t.Errorf("status: %v", r)
+	}
+}
+
+func TestExecExitStatus(t *testing.T) {
+	name := uniqueName(t)
+	mustInit(t, name, 1)
+	tests := []struct {
+		name string
+		argv []string
+		want int
+	}{
+		{"success", []string{"true"}, 0},
+		{"exit 7", []string{"sh", "-c", "exit 7"}, 7},
+		{"killed by signal", []string{"sh", "-c", "kill -KILL $$"}, 128 + int(syscall.SIGKILL)},
+		{"no such command", []string{"/nonexistent/command"}, 127},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"exec", "--name", name, "--wait", "10s", "--"}, tc.argv...)
+			if r := seminit(t, args...); r.code != tc.want {
+				t.Fatalf("seminit %q: %v\nwant exit %d", args, r, tc.want)
+			}
+		})
+	}
+	// Every run released its permit.
+	if r := seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
+		t.Fatalf("exec after the others: %v", r)
+	}
+}
+
+func TestExecEnv(t *testing.T) {
+	const n = 3
+	name := uniqueName(t)
+	mustInit(t, name, n)
+	script := `printf '%s|%s|%s\n' "$TOKENSEM_NAME" "$TOKENSEM_SLOT" "$TOKENSEM_FENCE"`
+	for i := range 2 {
+		r := seminit(t, "exec", "--name", name, "--wait", "10s", "--", "sh", "-c", script)
+		if r.code != exitOK {
+			t.Fatalf("exec: %v", r)
+		}
+		parts := strings.Split(strings.TrimSpace(r.stdout), "|")
+		if len(parts) != 3 {
+			t.Fatalf("child printed %q, want NAME|SLOT|FENCE", r.stdout)
+		}
+		if parts[0] != name {
+			t.Errorf("TOKENSEM_NAME = %q, want %q", parts[0], name)
+		}
+		slot, err := strconv.Atoi(parts[1])
+		if err != nil || slot < 0 || slot >= n {
+			t.Errorf("TOKENSEM_SLOT = %q, want an integer in [0, %d)", parts[1], n)
+		}
+		fence, err := strconv.ParseUint(parts[2], 10, 64)
+		if err != nil || fence == 0 {
+			t.Errorf("TOKENSEM_FENCE = %q, want a positive integer", parts[2])
+		}
+		t.Logf("run %d: slot %d fence %d", i, slot, fence)
+	}
+}
+
+// holder starts `seminit exec` on name running a shell that prints its pid
+// and then becomes `sleep secs`; it returns once the child runs, with the
+// child's pid (also its process group id). The cleanup kills the group.
+func holder(t *testing.T, name string, secs int, extra ...string) (*proc, int) {
+	t.Helper()
+	args := append([]string{"exec", "--name", name}, extra...)
+	args = append(args, "--", "sh", "-c", "echo $$; exec sleep "+strconv.Itoa(secs))
+	p := startSeminit(t, testEnv(), args...)
+	line := p.waitLine(20 * time.Second)
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || pid <= 0 {
+		t.Fatalf("holder printed %q, want its pid", line)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) })
+	return p, pid
+}
+
+func TestExecWaitTimeout(t *testing.T) {
+	name := uniqueName(t)
+	mustInit(t, name, 1)
+	holder(t, name, 5)
+	r := seminit(t, "exec", "--name", name, "--wait", "300ms", "--", "echo", "must not run")
+	if r.code != exitNoPermit {
+		t.Fatalf("exec --wait 300ms while the only permit is held: %v\nwant exit %d", r, exitNoPermit)
+	}
+	if r.elapsed > 3*time.Second {
+		t.Errorf("exec --wait 300ms took %v", r.elapsed)
+	}
+	if strings.Contains(r.stdout, "must not run") {
+		t.Errorf("the command ran without a permit: %q", r.stdout)
+	}
+	if !strings.Contains(r.stderr, "no permit") {
+		t.Errorf("stderr = %q, want it to say \"no permit\"", r.stderr)
+	}
+	t.Logf("exec --wait 300ms gave up after %v", r.elapsed.Round(time.Millisecond))
+	_, st := statusJSON(t, name)
+	if st.Held != 1 || st.Available != 0 || !st.Healthy {
+		t.Errorf("status with one holder = %+v", st)
+	}
+}
+
+func TestExecLeaseLimit(t *testing.T) {
+	name := uniqueName(t)
+	mustInit(t, name, 1)
+	p, pid := holder(t, name, 30, "--lease", "300ms")
+	r := p.wait(10 * time.Second)
+	if r.code != exitHoldLimit {
+		t.Fatalf("exec --lease 300ms -- sleep 30: %v\nwant exit %d", r, exitHoldLimit)
+	}
+	if !strings.Contains(r.stderr, "--lease") {
+		t.Errorf("stderr = %q, want it to name --lease", r.stderr)
+	}
+	if alive(pid) {
+		t.Errorf("child %d still running after seminit exited", pid)
+	}
+	if r := seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
+		t.Fatalf("exec after the --lease stop: %v\nthe permit did not come back", r)
+	}
+}
+
+func TestExecSIGTERM(t *testing.T) {
+	name := uniqueName(t)
+	mustInit(t, name, 1)
+	p, pid := holder(t, name, 30)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(10 * time.Second)
+	if r.code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("seminit exec after SIGTERM: %v\nwant exit %d", r, 128+int(syscall.SIGTERM))
+	}
+	if alive(pid) {
+		t.Errorf("child %d still running after seminit exited", pid)
+	}
+	if r := seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
+		t.Fatalf("exec after SIGTERM of the holder: %v\nthe permit did not come back", r)
+	}
+}
+
+// TestExecInterruptedWaiting checks a SIGTERM while waiting for a permit.
+func TestExecInterruptedWaiting(t *testing.T) {
+	name := uniqueName(t)
+	mustInit(t, name, 1)
+	holder(t, name, 30)
+	w := startSeminit(t, testEnv(), "exec", "--name", name, "--", "echo", "must not run")
+	eventually(t, 10*time.Second, "second exec waiting", func() bool {
+		_, st := statusJSON(t, name)
+		return st.Waiting == 1
+	})
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r := w.wait(10 * time.Second)
+	if r.code != 130 || strings.Contains(r.stdout, "must not run") {
+		t.Fatalf("SIGTERM while waiting: %v\nwant exit 130 and no command run", r)
+	}
+	eventually(t, 10*time.Second, "no waiter left", func() bool {
+		_, st := statusJSON(t, name)
+		return st.Waiting == 0 && st.Held == 1 && st.Healthy
+	})
+}
+
+// meter counts the meterChild processes inside their critical section.
+type meter struct {
+	l  net.Listener
+	wg sync.WaitGroup
+
+	mu       sync.Mutex
+	inside   int
+	max      int
+	enters   int
+	leaves   int
+	slots    map[int]bool   // slots of the children inside now
+	fences   map[int]uint64 // last fence seen per slot
+	problems []string
+	conns    map[net.Conn]bool
+}
+
+func startMeter(t *testing.T) *meter {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &meter{l: l, slots: map[int]bool{}, fences: map[int]uint64{}, conns: map[net.Conn]bool{}}
+	m.wg.Go(m.accept)
+	t.Cleanup(func() {
+		_ = l.Close()
+		m.mu.Lock()
+		for c := range m.conns {
+			_ = c.Close()
+		}
+		m.mu.Unlock()
+		m.wg.Wait()
+	})
+	return m
+}
+
+func (m *meter) accept() {
+	for {
+		c, err := m.l.Accept()
+		if err != nil {
+			return
+		}
+		m.mu.Lock()
+		m.conns[c] = true
+		m.mu.Unlock()
+		m.wg.Go(func() { m.serve(c) })
+	}
+}
+
+func (m *meter) serve(c net.Conn) {
+	defer func() {
+		m.mu.Lock()
+		delete(m.conns, c)
+		m.mu.Unlock()
+		_ = c.Close()
+	}()
+	slot := -1
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		m.mu.Lock()
+		switch {
+		case len(f) == 3 && f[0] == "enter":
+			m.inside++
+			m.enters++
+			m.max = max(m.max, m.inside)
+			s, err1 := strconv.Atoi(f[1])
+			fence, err2 := strconv.ParseUint(f[2], 10, 64)
+			switch {
+			case err1 != nil || err2 != nil:
+				m.problems = append(m.problems, fmt.Sprintf("bad enter %q", sc.Text()))
+			case m.slots[s]:
+				m.problems = append(m.problems, fmt.Sprintf("slot %d entered twice at once", s))
+			case fence <= m.fences[s]:
+				m.problems = append(m.problems, fmt.Sprintf("slot %d: fence %d after %d", s, fence, m.fences[s]))
+			}
+			if err1 == nil {
+				slot = s
+				m.slots[s] = true
+				m.fences[s] = max(m.fences[s], fence)
+			}
+		case len(f) == 1 && f[0] == "leave":
+			m.inside--
+			m.leaves++
+			delete(m.slots, slot)
+		default:
+			m.problems = append(m.problems, fmt.Sprintf("unknown message %q", sc.Text()))
+		}
+		m.mu.Unlock()
+		if _, err := c.Write([]byte("ok\n")); err != nil {
+			return
+		}
+	}
+}
+
+// TestExecAtMostN runs 8 seminit exec processes at once on a semaphore of
+// 2 permits, twice over; their children report to a meter.
+func TestExecAtMostN(t *testing.T) {
+	const (
+		permits = 2
+		procs   = 8
+		rounds  = 2
+	)
+	name := uniqueName(t)
+	mustInit(t, name, permits)
+	m := startMeter(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A race-enabled test binary sleeps 1s at exit unless told not to.
+	env := testEnv(meterChildEnv+"="+m.l.Addr().String(),
+		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+
+	start := time.Now()
+	results := make([][rounds]result, procs)
+	var wg sync.WaitGroup
+	for i := range procs {
+		wg.Go(func() {
+			for j := range rounds {
+				// Not t.Fatal in a goroutine: wait records a timeout as exit -2.
+				p := startSeminit(t, env, "exec", "--name", name, "--wait", "30s", "--", self)
+				select {
+				case <-p.done:
+					results[i][j] = p.res
+				case <-time.After(40 * time.Second):
+					results[i][j] = result{code: -2, stderr: "still running after 40s"}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d x %d exec runs took %v", procs, rounds, time.Since(start).Round(time.Millisecond))
+	for i := range results {
+		for j, r := range results[i] {
+			if r.code != exitOK {
+				t.Errorf("process %d round %d: %v", i, j, r)
+			}
+		}
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t.Logf("meter: max %d inside, %d enters, %d leaves, last fences %v", m.max, m.enters, m.leaves, m.fences)
+	if m.max > permits {
+		t.Errorf("%d children inside at once with %d permits", m.max, permits)
+	}
+	if m.max != permits {
+		t.Errorf("at most %d children inside at once: the test never reached the %d permits", m.max, permits)
+	}
+	if m.enters != procs*rounds || m.leaves != procs*rounds || m.inside != 0 {
+		t.Errorf("enters %d, leaves %d, inside %d; want %d, %d, 0", m.enters, m.leaves, m.inside, procs*rounds, procs*rounds)
+	}
+	for _, p := range m.problems {
+		t.Error(p)
+	}
+}
+
+// TestExecHolderKilled kills -9 a seminit exec holding the only permit:
+// the permit must come back once its lease runs out.
+func TestExecHolderKilled(t *testing.T) {
+	const lease = 2 * time.Second
+	name := uniqueName(t)
+	mustInit(t, name, 1, "--lease", lease.String())
+	p, pid := holder(t, name, 30)
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if r := p.wait(10 * time.Second); r.code != -1 {
+		t.Fatalf("seminit after kill -9: %v", r)
+	}
+	orphan := alive(pid)
+
+	r := seminit(t, "exec", "--name", name, "--wait", "15s", "--", "true")
+	recovered := time.Since(killed)
+	if r.code != exitOK {
+		t.Fatalf("exec --wait 15s after kill -9 of the holder: %v", r)
+	}
+	t.Logf("permit back %v after kill -9 of its holder (lease %v; the new exec waited %v)",
+		recovered.Round(time.Millisecond), lease, r.elapsed.Round(time.Millisecond))
+	if orphan && alive(pid) {
+		t.Logf("note: the killed holder's child %d was still running when the permit was handed on", pid)
+	}
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	if recovered > 15*time.Second {
+		t.Errorf("recovery took %v", recovered)
+	}
+	_, st := statusJSON(t, name)
+	if !st.Healthy || st.Held != 0 || st.Available != 1 {
+		t.Errorf("status after recovery = %+v", st)
+	}
+}
