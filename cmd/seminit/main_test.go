@@ -302,7 +302,7 @@ func (p *proc) exited() bool {
 	}
 }
 
-// waitOutput polls stdout until it contains a full line, and returns the
+// waitLine polls stdout until it contains a full line, and returns the
 // first one.
 func (p *proc) waitLine(d time.Duration) string {
 	p.t.Helper()
