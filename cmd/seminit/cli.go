@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tokensem/tokensem"
@@ -36,7 +37,7 @@ Usage:
   seminit server   [--listen 127.0.0.1:4222] [--store DIR]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME
-  seminit exec     --name NAME [--wait DUR] [--lease DUR] [--kill-after DUR] -- CMD [ARGS...]
+  seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
 
 Flags common to init, status and exec:
   --url URL        broker URL; the scheme picks the backend: nats:// (amqp:// and
@@ -48,8 +49,11 @@ Flags common to init, status and exec:
 
 Exit codes: 0 ok, 1 failed, 64 usage or bad input, 69 broker unreachable,
 70 exec: permit lost (child stopped), 75 no permit within --wait, 77 credentials
-refused, 78 not initialized or permit-count/key mismatch, 124 exec: --lease ran
-out (child stopped); otherwise exec exits with the command's status.
+refused, 78 not initialized or permit-count/key mismatch, 124 exec: --max-hold
+ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
+exits with the command's status. The command's environment carries
+TOKENSEM_NAME, TOKENSEM_SLOT (the token index) and TOKENSEM_FENCE (the fencing
+number, to hand to the protected resource).
 `
 
 // globals are the flags every broker verb shares.
@@ -126,12 +130,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
+	if errors.Is(err, errHelp) {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
 	code := exitCode(err)
 	var ec exitCodeErr
 	if !errors.As(err, &ec) || ec.err != nil {
 		fmt.Fprintf(stderr, "seminit %s: %v\n", args[0], err)
 	}
 	return code
+}
+
+// errHelp asks for the usage text (-h or --help on a verb).
+var errHelp = errors.New("help requested")
+
+// signalErr is the cause of the context main cancels on SIGINT or SIGTERM.
+type signalErr struct{ sig syscall.Signal }
+
+func (s signalErr) Error() string { return "received " + s.sig.String() }
+
+// signalExit is the shell's exit code for the signal that ended ctx
+// (128+signal), 130 when ctx ended otherwise.
+func signalExit(ctx context.Context) int {
+	var se signalErr
+	if errors.As(context.Cause(ctx), &se) {
+		return 128 + int(se.sig)
+	}
+	return 130
 }
 
 // usageErr marks bad flags or arguments.
@@ -200,9 +226,14 @@ func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return usageErr{fmt.Errorf("%s", usage)}
+			return errHelp
 		}
 		return usageErr{err}
+	}
+	if f := fs.Lookup("timeout"); f != nil {
+		if d, _ := time.ParseDuration(f.Value.String()); d <= 0 {
+			return usageErr{fmt.Errorf("--timeout %s must be positive", f.Value)}
+		}
 	}
 	if !allowArgs && fs.NArg() > 0 {
 		return usageErr{fmt.Errorf("unexpected argument %q", fs.Arg(0))}

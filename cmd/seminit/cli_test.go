@@ -60,6 +60,10 @@ func TestUsage(t *testing.T) {
 		{"other scheme", []string{"status", "--url", "http://127.0.0.1:1", "--name", "x"}, exitUsage, "", `scheme "http"`},
 		{"missing key file", []string{"status", "--url", unreachable, "--name", "x", "--key-file", "/nonexistent/key"}, exitUsage, "", "key file"},
 		{"server extra arg", []string{"server", "extra"}, exitUsage, "", `unexpected argument "extra"`},
+		{"server bad listen", []string{"server", "--listen", "foo"}, exitUsage, "", "--listen"},
+		{"verb help", []string{"status", "-h"}, exitOK, "Usage:", ""},
+		{"zero timeout", []string{"status", "--url", unreachable, "--name", "x", "--timeout", "0s"}, exitUsage, "", "--timeout"},
+		{"exec negative max-hold", []string{"exec", "--url", unreachable, "--name", "x", "--max-hold", "-1s", "--", "true"}, exitUsage, "", "must not be negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -290,19 +294,19 @@ func TestExecWaitTimeout(t *testing.T) {
 func TestExecLeaseLimit(t *testing.T) {
 	name := uniqueName(t)
 	mustInit(t, name, 1)
-	p, pid := holder(t, name, 30, "--lease", "300ms")
+	p, pid := holder(t, name, 30, "--max-hold", "300ms")
 	r := p.wait(10 * time.Second)
 	if r.code != exitHoldLimit {
-		t.Fatalf("exec --lease 300ms -- sleep 30: %v\nwant exit %d", r, exitHoldLimit)
+		t.Fatalf("exec --max-hold 300ms -- sleep 30: %v\nwant exit %d", r, exitHoldLimit)
 	}
-	if !strings.Contains(r.stderr, "--lease") {
-		t.Errorf("stderr = %q, want it to name --lease", r.stderr)
+	if !strings.Contains(r.stderr, "--max-hold") {
+		t.Errorf("stderr = %q, want it to name --max-hold", r.stderr)
 	}
 	if alive(pid) {
 		t.Errorf("child %d still running after seminit exited", pid)
 	}
 	if r := seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
-		t.Fatalf("exec after the --lease stop: %v\nthe permit did not come back", r)
+		t.Fatalf("exec after the --max-hold stop: %v\nthe permit did not come back", r)
 	}
 }
 
@@ -339,10 +343,8 @@ func TestExecInterruptedWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := w.wait(10 * time.Second)
-	// seminit exits 130 for either signal while waiting; 143 would be the
-	// shell's code for SIGTERM. Accept both.
-	if r.code != 130 && r.code != 128+int(syscall.SIGTERM) || strings.Contains(r.stdout, "must not run") {
-		t.Fatalf("SIGTERM while waiting: %v\nwant exit 130 or 143 and no command run", r)
+	if r.code != 128+int(syscall.SIGTERM) || strings.Contains(r.stdout, "must not run") {
+		t.Fatalf("SIGTERM while waiting: %v\nwant exit 143 (128+SIGTERM) and no command run", r)
 	}
 	t.Logf("SIGTERM while waiting for a permit: exit %d", r.code)
 	eventually(t, 10*time.Second, "no waiter left", func() bool {
@@ -530,12 +532,12 @@ func TestExecHolderKilled(t *testing.T) {
 		t.Fatalf("exec --wait 15s after kill -9 of the holder: %v", r)
 	}
 	t.Logf("permit back %v after kill -9 of its holder (lease %v)", recovered.Round(time.Millisecond), lease)
-	// seminit cannot stop its child when it is killed: the child lives on,
-	// in its own process group, while the permit goes to the next holder.
+	// The child dies with its holder (parent-death signal), so it does not
+	// go on using the resource once the permit is handed on.
 	if alive(pid) {
-		t.Logf("note: the killed holder's child %d was still running when the permit was handed on", pid)
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		t.Errorf("the killed holder's child %d was still running when the permit was handed on", pid)
 	}
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	if recovered > 15*time.Second {
 		t.Errorf("recovery took %v", recovered)
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // runExec acquires a permit, runs a command while holding it, releases it
-// and exits with the command's status. If the permit is lost, or --lease
+// and exits with the command's status. If the permit is lost, or --max-hold
 // runs out, the command's process group gets SIGTERM, then SIGKILL after
 // --kill-after. SIGINT or SIGTERM to seminit is passed on to the command.
 func runExec(ctx context.Context, e env, args []string) error {
@@ -24,7 +24,8 @@ func runExec(ctx context.Context, e env, args []string) error {
 	g.register(fs)
 	name := fs.String("name", "", "semaphore name")
 	wait := fs.Duration("wait", 0, "give up (exit 75) if no permit comes within DUR (default: wait indefinitely)")
-	hold := fs.Duration("lease", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
+	hold := fs.Duration("max-hold", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
+	lease := fs.Duration("lease", 0, "the lease you expect; the semaphore's stored lease (set by init) governs, and a different value is reported")
 	killAfter := fs.Duration("kill-after", 10*time.Second, "after SIGTERM, SIGKILL the command if it has not exited within DUR")
 	if err := parse(fs, args, true); err != nil {
 		return err
@@ -36,8 +37,8 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if len(argv) == 0 {
 		return usageErr{errors.New("no command given (seminit exec --name NAME -- CMD [ARGS...])")}
 	}
-	if *wait < 0 || *hold < 0 || *killAfter <= 0 {
-		return usageErr{errors.New("--wait and --lease must not be negative, --kill-after must be positive")}
+	if *wait < 0 || *hold < 0 || *lease < 0 || *killAfter <= 0 {
+		return usageErr{errors.New("--wait, --lease and --max-hold must not be negative, --kill-after must be positive")}
 	}
 	key, err := g.key()
 	if err != nil {
@@ -53,6 +54,9 @@ func runExec(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer s.Close()
+	if l, ok := s.(interface{ Lease() time.Duration }); ok && *lease != 0 && l.Lease() != *lease {
+		fmt.Fprintf(e.stderr, "seminit exec: %s has a lease of %v (set by init); --lease %v does not change it\n", *name, l.Lease(), *lease)
+	}
 
 	actx, cancel := ctx, context.CancelFunc(func() {})
 	if *wait > 0 {
@@ -63,7 +67,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
-		return exitCodeErr{code: 130, err: errors.New("interrupted while waiting for a permit")}
+		return exitCodeErr{code: signalExit(ctx), err: errors.New("interrupted while waiting for a permit")}
 	case errors.Is(err, context.DeadlineExceeded):
 		return exitCodeErr{code: exitNoPermit, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
 	default:
@@ -84,7 +88,10 @@ func runExec(ctx context.Context, e env, args []string) error {
 		"TOKENSEM_SLOT="+strconv.Itoa(p.Token().Index),
 		"TOKENSEM_FENCE="+strconv.FormatUint(p.Fence(), 10),
 	)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Own process group, so a stop reaches the command's children too; and
+	// killed with seminit: a command that outlives its permit holder would
+	// run unprotected once the permit is handed on.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return exitCodeErr{code: 127, err: fmt.Errorf("start %s: %w", argv[0], err)}
 	}
@@ -105,7 +112,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 		return exitCodeErr{code: exitSoftware, err: fmt.Errorf("permit lost, command stopped: %v", p.Err())}
 	case <-holdC:
 		stopChild(cmd, exited, *killAfter)
-		return exitCodeErr{code: exitHoldLimit, err: fmt.Errorf("held the permit for --lease %v, command stopped", *hold)}
+		return exitCodeErr{code: exitHoldLimit, err: fmt.Errorf("held the permit for --max-hold %v, command stopped", *hold)}
 	case <-ctx.Done():
 		return childExit(stopChild(cmd, exited, *killAfter))
 	}

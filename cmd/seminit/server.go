@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
@@ -16,6 +17,9 @@ func runServer(ctx context.Context, e env, args []string) error {
 	store := fs.String("store", "", "JetStream store directory (default: a temporary one, removed on exit)")
 	if err := parse(fs, args, false); err != nil {
 		return err
+	}
+	if _, _, err := net.SplitHostPort(*listen); err != nil {
+		return usageErr{fmt.Errorf("--listen %q: %w", *listen, err)}
 	}
 	srv, err := embedded.Start(embedded.Config{Listen: *listen, StoreDir: *store})
 	if err != nil {
