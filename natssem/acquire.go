@@ -173,7 +173,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 	holder := tokensem.NewToken(s.name, 0, 1).ID // unique id of this acquire
 	cfg := s.config()
 
-	cached, ok := s.cached(tok.Index)
+	cached, ok := s.cached(tok.Index, seq, meta.NumDelivered)
 	for attempt := 0; attempt < 5; attempt++ {
 		if !ok {
 			cached, err = s.readRecord(ctx, tok.Index)
@@ -204,7 +204,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 		}
 		want := record{Holder: holder, Owner: s.opts.HolderName, Seq: seq, Token: tok.ID}
 		sent := time.Now()
-		rev, err := s.cas(ctx, tok.Index, want, cached.rev)
+		rev, err := s.cas(ctx, tok.Index, want, cached.rev, meta.NumDelivered)
 		switch {
 		case err == nil:
 			// Restart the server's ack timer now, after the record write, so
@@ -216,7 +216,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 			if !rec.free() && rec.Seq != seq {
 				s.deleteMsg(ctx, rec.Seq) // the silent holder's copy is now a duplicate
 			}
-			return s.newPermit(tok, m.Reply, seq, holder, want, rev, sent, cfg.Lease), nil
+			return s.newPermit(won{tok, m.Reply, seq, meta.NumDelivered, holder, want, rev, sent, cfg.Lease}), nil
 		case errors.Is(err, jetstream.ErrKeyExists):
 			continue // someone wrote first: re-read and decide again
 		default:
@@ -225,7 +225,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 			switch {
 			case rerr == nil && got.rec.Holder == holder:
 				_ = s.nc.Publish(m.Reply, ackProgress)
-				return s.newPermit(tok, m.Reply, seq, holder, want, got.rev, sent, cfg.Lease), nil
+				return s.newPermit(won{tok, m.Reply, seq, meta.NumDelivered, holder, want, got.rev, sent, cfg.Lease}), nil
 			case rerr == nil:
 				s.giveBack(m) // our write did not land
 			}
@@ -282,19 +282,25 @@ func (s *Semaphore) deleteMsg(ctx context.Context, seq uint64) {
 	}
 }
 
-// cached returns the last record this client saw for a slot.
-func (s *Semaphore) cached(index int) (cachedRecord, bool) {
+// cached returns the record this client last wrote for a slot, when it can
+// be trusted without a read: it freed the slot releasing this very message
+// (seq), and this delivery is the next one of that message, so nobody else
+// had the token in between and the record cannot have changed. Anything else
+// (another client held it since, a duplicate) needs a fresh read.
+func (s *Semaphore) cached(index int, seq, delivered uint64) (cachedRecord, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, ok := s.cache[index]
-	return c, ok && c.rec.free()
+	return c, ok && c.rec.free() && c.rec.Seq == seq && c.delivered != 0 && c.delivered+1 == delivered
 }
 
-func (s *Semaphore) remember(index int, rec record, rev uint64) {
+// remember records what this client wrote or read for a slot. delivered is
+// the delivery count of the token when we wrote (0 for reads).
+func (s *Semaphore) remember(index int, rec record, rev, delivered uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.cache[index]; !ok || c.rev < rev {
-		s.cache[index] = cachedRecord{rec: rec, rev: rev}
+		s.cache[index] = cachedRecord{rec: rec, rev: rev, delivered: delivered}
 	}
 }
 
@@ -316,7 +322,7 @@ func (s *Semaphore) readRecord(ctx context.Context, index int) (cachedRecord, er
 		rec = record{}
 	}
 	c := cachedRecord{rec: rec, rev: e.Revision(), written: e.Created()}
-	s.remember(index, rec, e.Revision())
+	s.remember(index, rec, e.Revision(), 0)
 	return c, nil
 }
 
@@ -325,7 +331,7 @@ func (s *Semaphore) readRecord(ctx context.Context, index int) (cachedRecord, er
 // or an error wrapping jetstream.ErrKeyExists when someone else wrote first.
 // Callers that must learn the outcome even after their caller gave up pass
 // a context.WithoutCancel.
-func (s *Semaphore) cas(ctx context.Context, index int, rec record, rev uint64) (uint64, error) {
+func (s *Semaphore) cas(ctx context.Context, index int, rec record, rev, delivered uint64) (uint64, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	newRev, err := s.kv.Update(rctx, slotKey(index), rec.encode(), rev)
@@ -335,7 +341,7 @@ func (s *Semaphore) cas(ctx context.Context, index int, rec record, rev uint64) 
 		}
 		return 0, wrapBrokerErr(err)
 	}
-	s.remember(index, rec, newRev)
+	s.remember(index, rec, newRev, delivered)
 	return newRev, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/natssem"
@@ -109,6 +110,14 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer w.Close()
+	js, err := jetstream.New(holderConn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	consumer, err := js.Consumer(ctx, natssem.StreamName("bench-handoff"), "holders")
+	if err != nil {
+		b.Fatal(err)
+	}
 	var d []time.Duration
 	type got struct {
 		p  tokensem.Permit
@@ -128,7 +137,7 @@ func BenchmarkHandoff(b *testing.B) {
 			}
 			ch <- got{p, time.Now()}
 		}()
-		waitQueued(b, a, 1)
+		waitQueued(b, consumer, 1)
 		b.StartTimer()
 		t0 := time.Now()
 		if err := held.Release(ctx); err != nil {
@@ -146,17 +155,81 @@ func BenchmarkHandoff(b *testing.B) {
 	b.ReportMetric(float64(percentile(d, 0.99).Microseconds()), "p99-µs")
 }
 
-func waitQueued(b *testing.B, s *natssem.Semaphore, n int) {
+// waitQueued polls the consumer until n pull requests wait. It reads only
+// consumer info: a full Status would create and delete a KV watcher, work
+// the server would still be finishing inside the timed section.
+func waitQueued(b *testing.B, c jetstream.Consumer, n int) {
 	b.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		st, err := s.Status(context.Background())
+		info, err := c.Info(context.Background())
 		if err != nil {
 			b.Fatal(err)
 		}
-		if st.Waiting >= n {
+		if info.NumWaiting >= n {
 			return
 		}
-		time.Sleep(200 * time.Microsecond)
+		time.Sleep(100 * time.Microsecond)
 	}
 	b.Fatal("waiter never queued")
+}
+
+// BenchmarkPrimitives measures, in one run, the broker operations a cycle
+// is made of, with plain nats.go: a KV compare-and-set (a JetStream publish
+// with an expected revision) and a Nak followed by a one-message pull. The
+// fenced cycle needs one pull and two compare-and-sets in sequence, so
+// pull + 2×cas is its floor on this machine.
+func BenchmarkPrimitives(b *testing.B) {
+	ctx := context.Background()
+	nc := connect(b, srv.Addr().String())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "bench_prim", History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		b.Fatal(err)
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_PRIM", Subjects: []string{"bench.prim"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "bench.prim", []byte("t")); err != nil {
+		b.Fatal(err)
+	}
+	rtt := rawRTT(b, 2000)
+	rev, err := kv.Put(ctx, "k", []byte("v"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var cas, pull []time.Duration
+	var last jetstream.Msg
+	for b.Loop() {
+		t0 := time.Now()
+		if rev, err = kv.Update(ctx, "k", []byte("v"), rev); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if last != nil {
+			_ = last.Nak()
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			last = m
+		}
+		t2 := time.Now()
+		cas, pull = append(cas, t1.Sub(t0)), append(pull, t2.Sub(t1))
+	}
+	c50, p50 := percentile(cas, 0.5), percentile(pull, 0.5)
+	b.ReportMetric(float64(rtt.Microseconds()), "raw-rtt-µs")
+	b.ReportMetric(float64(c50.Microseconds()), "cas-p50-µs")
+	b.ReportMetric(float64(p50.Microseconds()), "nak+pull-p50-µs")
+	b.ReportMetric(float64(p50+2*c50)/float64(rtt), "floor/rtt")
 }

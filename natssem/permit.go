@@ -25,14 +25,16 @@ var _ tokensem.Permit = (*Permit)(nil)
 // and the server stamps a write after it was sent, so Done closes before
 // anyone else can hold the slot.
 type Permit struct {
-	s      *Semaphore
-	tok    tokensem.Token
-	reply  string // the delivery's ack subject
-	seq    uint64
-	holder string
-	rec    record
-	fence  uint64
-	lease  time.Duration
+	s     *Semaphore
+	tok   tokensem.Token
+	reply string // the delivery's ack subject
+	seq   uint64
+	// delivered is the token's delivery count when we got it.
+	delivered uint64
+	holder    string
+	rec       record
+	fence     uint64
+	lease     time.Duration
 
 	mu       sync.Mutex
 	rev      uint64
@@ -54,14 +56,27 @@ const (
 	lost
 )
 
-func (s *Semaphore) newPermit(tok tokensem.Token, reply string, seq uint64, holder string, rec record, rev uint64, sent time.Time, lease time.Duration) *Permit {
+// won describes a delivery whose slot record this client just wrote.
+type won struct {
+	tok       tokensem.Token
+	reply     string // the delivery's ack subject
+	seq       uint64
+	delivered uint64
+	holder    string
+	rec       record
+	rev       uint64    // revision written: the fence
+	sent      time.Time // when the winning write was sent
+	lease     time.Duration
+}
+
+func (s *Semaphore) newPermit(w won) *Permit {
 	p := &Permit{
-		s: s, tok: tok, reply: reply, seq: seq, holder: holder, rec: rec,
-		fence: rev, lease: lease, rev: rev, deadline: sent.Add(lease - lease/5),
+		s: s, tok: w.tok, reply: w.reply, seq: w.seq, delivered: w.delivered, holder: w.holder, rec: w.rec,
+		fence: w.rev, lease: w.lease, rev: w.rev, deadline: w.sent.Add(w.lease - w.lease/5),
 		done: make(chan struct{}), exited: make(chan struct{}),
 	}
 	p.ctx, p.stop = context.WithCancel(context.Background())
-	s.log.Debug("permit acquired", "index", tok.Index, "fence", rev)
+	s.log.Debug("permit acquired", "index", w.tok.Index, "fence", w.rev)
 	go p.run()
 	return p
 }
@@ -153,7 +168,7 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 		p.mu.Lock()
 		rev := p.rev
 		p.mu.Unlock()
-		newRev, err := p.s.cas(ctx, p.tok.Index, rec, rev)
+		newRev, err := p.s.cas(ctx, p.tok.Index, rec, rev, p.delivered)
 		if err == nil {
 			p.setRev(newRev)
 			return nil

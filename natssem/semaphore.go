@@ -58,9 +58,10 @@ type Semaphore struct {
 }
 
 type cachedRecord struct {
-	rec     record
-	rev     uint64
-	written time.Time // server time of the write; zero for our own writes
+	rec       record
+	rev       uint64
+	written   time.Time // server time of the write; zero for our own writes
+	delivered uint64    // token delivery count at our write; 0 for reads
 }
 
 // Init creates semaphore name with permits tokens, or opens it if it already
