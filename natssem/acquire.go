@@ -60,8 +60,13 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 	}
 	defer w.finish()
 
-	idle := 3 * s.opts.heartbeat
-	timer := time.NewTimer(idle)
+	// A queued pull hears a heartbeat every heartbeat interval. The first
+	// one is awaited briefly: the server drops a pull silently when the
+	// waiter queue is full. Later silences (a restarted server, a lost
+	// request) get more slack.
+	hb := s.opts.heartbeat
+	firstBeat, idle := hb+hb/2, 3*hb
+	timer := time.NewTimer(firstBeat)
 	defer timer.Stop()
 	var noResponders time.Time
 	tries := 0
@@ -69,7 +74,7 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 		if err := w.pull(noWait); err != nil {
 			return nil, err
 		}
-		timer.Reset(idle)
+		timer.Reset(firstBeat)
 	wait:
 		for {
 			select {
@@ -78,6 +83,9 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 			case <-s.done:
 				return nil, tokensem.ErrClosed
 			case <-timer.C:
+				if err := s.checkWaiterQueue(ctx); err != nil {
+					return nil, err
+				}
 				s.log.Debug("waiting pull went silent; re-issuing it")
 				break wait
 			case m := <-w.ch:
@@ -135,6 +143,23 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 			}
 		}
 	}
+}
+
+// checkWaiterQueue returns tokensem.ErrTooManyWaiters if the consumer's
+// queue of waiting pulls is full (the server then drops new pulls without a
+// word when they carry heartbeats).
+func (s *Semaphore) checkWaiterQueue(ctx context.Context) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	c, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
+	if err != nil {
+		return nil // cannot tell: re-issuing the pull is the safe course
+	}
+	info := c.CachedInfo()
+	if limit := info.Config.MaxWaiting; limit > 0 && info.NumWaiting >= limit {
+		return fmt.Errorf("%w: %d callers already wait on %s", tokensem.ErrTooManyWaiters, info.NumWaiting, s.name)
+	}
+	return nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -56,6 +56,8 @@ func newOptions(opts []Option) (options, error) {
 			return options{}, err
 		}
 	}
+	// The server refuses a pull whose heartbeat exceeds half its expiry.
+	o.heartbeat = min(o.heartbeat, o.pullExpiry/4)
 	return o, nil
 }
 
@@ -118,6 +120,21 @@ func WithPullExpiry(d time.Duration) Option {
 			return fmt.Errorf("%w: pull expiry %v (want >= 1s)", tokensem.ErrInvalidOption, d)
 		}
 		o.pullExpiry = d
+		return nil
+	}
+}
+
+// WithHeartbeat sets the idle heartbeat the server sends a waiting caller
+// (default DefaultHeartbeat, 100ms..1m, at most a quarter of the pull
+// expiry). A caller whose pull sees no heartbeat re-issues it, or, if the
+// consumer's waiter queue is full, fails with tokensem.ErrTooManyWaiters:
+// so a lower value detects both sooner, at the cost of more messages.
+func WithHeartbeat(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 100*time.Millisecond || d > time.Minute {
+			return fmt.Errorf("%w: heartbeat %v (want 100ms..1m)", tokensem.ErrInvalidOption, d)
+		}
+		o.heartbeat = d
 		return nil
 	}
 }

@@ -1,0 +1,116 @@
+package natssem_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/natssem"
+)
+
+// TestTooManyWaiters: the waiter cap set at Init is enforced by the server
+// and reported as ErrTooManyWaiters, and the refused call strands nothing.
+func TestTooManyWaiters(t *testing.T) {
+	name := "max-waiters"
+	s := initNATS(t, name, 1, natssem.WithMaxWaiters(2), natssem.WithHeartbeat(200*time.Millisecond))
+	held, err := s.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	errs := make(chan error, 2)
+	for range 2 {
+		c := openNATS(t, name)
+		go func() { _, err := c.Acquire(ctx); errs <- err }()
+	}
+	cons := consumerOf(t, name)
+	waitFor(t, "two waiters", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.NumWaiting == 2
+	})
+	third, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name, natssem.WithHeartbeat(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	_, err = third.Acquire(ctxFor(t, 5*time.Second))
+	if !errors.Is(err, tokensem.ErrTooManyWaiters) {
+		t.Fatalf("third waiter: err = %v, want ErrTooManyWaiters", err)
+	}
+	cancel()
+	for range 2 {
+		<-errs
+	}
+	if err := held.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("permit not free after the refused and cancelled waiters: %v", err)
+	}
+	_ = p.Release(t.Context())
+}
+
+// TestWaiterOutlivesPullExpiry: a caller that waits longer than one pull
+// request lives re-issues it and still gets the permit.
+func TestWaiterOutlivesPullExpiry(t *testing.T) {
+	name := "pull-expiry"
+	s := initNATS(t, name, 1)
+	held, err := s.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name, natssem.WithPullExpiry(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	got := make(chan error, 1)
+	go func() {
+		p, err := w.Acquire(ctxFor(t, 30*time.Second))
+		if err == nil {
+			err = p.Release(context.Background())
+		}
+		got <- err
+	}()
+	time.Sleep(2500 * time.Millisecond) // two pull expiries
+	if err := held.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter after its pulls expired: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter never got the permit after its pull expired")
+	}
+}
+
+func consumerOf(t *testing.T, name string) jetstream.Consumer {
+	t.Helper()
+	js, err := jetstream.New(connect(t, srv.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.Consumer(t.Context(), natssem.StreamName(name), "holders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
