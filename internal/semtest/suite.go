@@ -45,6 +45,10 @@ func Run(t *testing.T, b Backend) {
 
 var nameSeq atomic.Int64
 
+// runID tells this run's semaphores from those earlier runs left on a
+// persistent broker.
+var runID = tokensem.NewToken("x", 0, 0).ID[:6]
+
 // uniqueName returns a fresh semaphore name for a test.
 func uniqueName(t testing.TB) string {
 	base := strings.Map(func(r rune) rune {
@@ -56,7 +60,7 @@ func uniqueName(t testing.TB) string {
 	if len(base) > 40 {
 		base = base[len(base)-40:]
 	}
-	return fmt.Sprintf("t%d-%s", nameSeq.Add(1), strings.Trim(base, "-"))
+	return fmt.Sprintf("t%d-%s-%s", nameSeq.Add(1), runID, strings.Trim(base, "-"))
 }
 
 func mustInit(t testing.TB, b Backend, name string, n int, o Options) tokensem.Semaphore {

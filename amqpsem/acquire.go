@@ -1,0 +1,227 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Acquire blocks until it holds a permit or ctx ends. Each waiter consumes
+// the token queue on its own channel with prefetch 1, so the broker pushes
+// the next free token to the longest-subscribed waiter; on its first
+// delivery the waiter cancels its consumer and claims the token's slot. If
+// the connection drops while waiting, the call subscribes again on the new
+// connection (it holds nothing yet, so nothing is lost) and keeps waiting;
+// a call that gives up closes its channel, which requeues any token on its
+// way to it.
+//
+// Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrNotInitialized (the
+// token queue is gone), or a wrapped broker error.
+func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
+	p, err := s.acquire(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// TryAcquire takes a free permit with one basic.get, or returns
+// tokensem.ErrNoPermit at once.
+//
+// Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a wrapped
+// broker error.
+func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
+	p, err := s.acquire(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+const maxTryDeliveries = 16
+
+// errRetry asks acquire to start over on a new channel; backoff says
+// whether to pause first (a duplicate of a held slot is circulating).
+type errRetry struct{ backoff bool }
+
+func (e errRetry) Error() string { return "amqpsem: retry" }
+
+func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	pause := 20 * time.Millisecond
+	for tries := 0; ; tries++ {
+		if s.isClosed() {
+			return nil, tokensem.ErrClosed
+		}
+		if noWait && tries >= maxTryDeliveries {
+			return nil, tokensem.ErrNoPermit
+		}
+		ch, sess, err := s.c.channel(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var p *Permit
+		if noWait {
+			p, err = s.get(ctx, ch, sess)
+		} else {
+			p, err = s.wait(ctx, ch, sess)
+		}
+		if p != nil {
+			return p, nil
+		}
+		_ = ch.Close() // requeues anything delivered and not claimed
+		var retry errRetry
+		if !errors.As(err, &retry) {
+			return nil, err
+		}
+		if retry.backoff {
+			if err := sleepCtx(ctx, pause+rand.N(pause)); err != nil {
+				return nil, err
+			}
+			pause = min(2*pause, time.Second)
+		}
+	}
+}
+
+// wait consumes the token queue until one delivery arrives.
+func (s *Semaphore) wait(ctx context.Context, ch *amqp.Channel, sess *session) (*Permit, error) {
+	if err := ch.Qos(1, 0, false); err != nil {
+		return nil, errRetry{}
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	tag := "tokensem-" + tokensem.NewToken(s.name, 0, 1).ID
+	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
+	if err != nil {
+		if isCode(err, amqp.NotFound) {
+			return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+		}
+		return nil, errRetry{backoff: true}
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.done:
+		return nil, tokensem.ErrClosed
+	case <-sess.lost:
+		return nil, errRetry{}
+	case <-closed:
+		return nil, errRetry{backoff: true}
+	case d, ok := <-deliveries:
+		if !ok {
+			return nil, errRetry{backoff: true}
+		}
+		// Stop consuming first: prefetch 1 already keeps a second token
+		// away, and without a consumer a later requeue goes to others.
+		if err := ch.Cancel(tag, false); err != nil {
+			return nil, errRetry{}
+		}
+		return s.claim(ctx, ch, sess, d)
+	}
+}
+
+// get takes one ready token with basic.get.
+func (s *Semaphore) get(ctx context.Context, ch *amqp.Channel, sess *session) (*Permit, error) {
+	d, ok, err := ch.Get(QueueName(s.name), false)
+	switch {
+	case isCode(err, amqp.NotFound):
+		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+	case err != nil:
+		return nil, fmt.Errorf("amqpsem: basic.get: %w", err)
+	case !ok:
+		return nil, tokensem.ErrNoPermit
+	}
+	return s.claim(ctx, ch, sess, d)
+}
+
+// claim turns a delivery into a permit. Junk, forged, foreign and retired
+// tokens are removed (acked). A token whose slot is already held (by this
+// process, or by another connection's exclusive claim queue) is a duplicate
+// or the holder's connection is just closing: it goes back (the channel is
+// closed) and the caller retries after a pause.
+func (s *Semaphore) claim(ctx context.Context, ch *amqp.Channel, sess *session, d amqp.Delivery) (*Permit, error) {
+	tok, err := s.admit(d.Body)
+	if err != nil {
+		s.log.Warn("removing an invalid token message", "reason", err)
+		_ = d.Ack(false)
+		return nil, errRetry{}
+	}
+	if !s.reserve(tok.Index) {
+		s.log.Warn("duplicate token of a slot this process holds; returning it", "index", tok.Index)
+		return nil, errRetry{backoff: true}
+	}
+	if _, err := ch.QueueDeclare(claimQueue(s.name, tok.Index), false, false, true, false, nil); err != nil {
+		s.unreserve(tok.Index)
+		if isCode(err, amqp.ResourceLocked) {
+			s.log.Debug("slot claimed by another connection; returning the token", "index", tok.Index)
+			return nil, errRetry{backoff: true}
+		}
+		return nil, fmt.Errorf("amqpsem: claim slot %d: %w", tok.Index, err)
+	}
+	return s.newPermit(ch, sess, d, tok), nil
+}
+
+// admit parses and checks a delivered token.
+func (s *Semaphore) admit(body []byte) (tokensem.Token, error) {
+	tok, err := s.codec.Decode(body)
+	if err != nil {
+		return tokensem.Token{}, err
+	}
+	cfg := s.config()
+	if tok.Semaphore != s.name || tok.Index >= cfg.Permits || tok.Epoch != cfg.Epoch {
+		return tokensem.Token{}, fmt.Errorf("%w: %s is not a current token of %s", tokensem.ErrInvalidToken, tok, s.name)
+	}
+	return tok, nil
+}
+
+func (s *Semaphore) reserve(index int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[index] {
+		return false
+	}
+	s.held[index] = true
+	return true
+}
+
+func (s *Semaphore) unreserve(index int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.held, index)
+}
+
+// fence is the quorum queue's count of earlier returns of this token plus
+// one: it grows every time the token changes hands. Classic queues do not
+// count, so it is 0 there.
+func fence(d amqp.Delivery) uint64 {
+	switch n := d.Headers["x-delivery-count"].(type) {
+	case int64:
+		return uint64(n) + 1
+	case int32:
+		return uint64(n) + 1
+	case int:
+		return uint64(n) + 1
+	}
+	if d.Redelivered {
+		return 0
+	}
+	return 1
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

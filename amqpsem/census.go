@@ -1,0 +1,142 @@
+package amqpsem
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Status takes a census. RabbitMQ cannot show a queued message without
+// delivering it, so the census takes every ready token with basic.get,
+// reads it, and requeues them all (they are unavailable for that instant,
+// and go to the back of the queue). Held tokens cannot be read at all; their
+// slots are known from the holders' exclusive claim queues (a passive
+// declare answers 405 when another connection holds the slot, 404 when it
+// is free). A token being claimed at the very moment of the census is seen
+// neither ready nor held, so it may show as missing for that one census.
+//
+// Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
+// broker error.
+func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
+	if s.isClosed() {
+		return tokensem.Status{}, tokensem.ErrClosed
+	}
+	cfg, err := s.readConfig(ctx)
+	if err != nil {
+		return tokensem.Status{}, err
+	}
+	s.mu.Lock()
+	s.cfg = cfg
+	s.mu.Unlock()
+
+	ready, waiting, err := s.readReady(ctx)
+	if err != nil {
+		return tokensem.Status{}, err
+	}
+	held, err := s.readClaims(ctx, cfg.Permits)
+	if err != nil {
+		return tokensem.Status{}, err
+	}
+	st := tokensem.Status{
+		Name: s.name, Backend: "amqp", Queue: QueueName(s.name), Permits: cfg.Permits, Epoch: cfg.Epoch,
+		Waiting: waiting, Duplicate: []int{}, Missing: []int{},
+	}
+	count := make(map[int]int, cfg.Permits)
+	for _, b := range ready {
+		tok, err := s.codec.Decode(b)
+		if err != nil || tok.Semaphore != s.name || tok.Epoch != cfg.Epoch || tok.Index >= cfg.Permits {
+			st.Invalid++
+			continue
+		}
+		count[tok.Index]++
+		st.Available++
+	}
+	for _, idx := range held {
+		count[idx]++
+		st.Holders = append(st.Holders, tokensem.Holder{Index: idx})
+	}
+	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].Index < st.Holders[j].Index })
+	st.Held = len(held)
+	st.Tokens = len(ready) + len(held)
+	for i := 0; i < cfg.Permits; i++ {
+		switch n := count[i]; {
+		case n == 0:
+			st.Missing = append(st.Missing, i)
+		case n > 1:
+			st.Duplicate = append(st.Duplicate, i)
+		}
+	}
+	st.Healthy = st.Tokens == cfg.Permits && len(st.Duplicate) == 0 && len(st.Missing) == 0 && st.Invalid == 0
+	return st, nil
+}
+
+// readReady takes every ready token message, returns their bodies and the
+// number of waiting consumers, and requeues the messages.
+func (s *Semaphore) readReady(ctx context.Context) ([][]byte, int, error) {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil)
+	if err != nil {
+		if isCode(err, amqp.NotFound) {
+			return nil, 0, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+		}
+		return nil, 0, fmt.Errorf("amqpsem: census: %w", err)
+	}
+	var bodies [][]byte
+	var last uint64
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, 0, err
+		}
+		d, ok, err := ch.Get(QueueName(s.name), false)
+		if err != nil {
+			return nil, 0, fmt.Errorf("amqpsem: census: %w", err)
+		}
+		if !ok {
+			break
+		}
+		bodies = append(bodies, d.Body)
+		last = d.DeliveryTag
+	}
+	if last != 0 {
+		if err := ch.Nack(last, true, true); err != nil {
+			return nil, 0, fmt.Errorf("amqpsem: census requeue: %w", err)
+		}
+	}
+	return bodies, q.Consumers, nil
+}
+
+// readClaims returns the slots whose claim queue exists.
+func (s *Semaphore) readClaims(ctx context.Context, permits int) ([]int, error) {
+	var held []int
+	var ch *amqp.Channel
+	defer func() {
+		if ch != nil {
+			_ = ch.Close()
+		}
+	}()
+	for i := 0; i < permits; i++ {
+		if ch == nil || ch.IsClosed() {
+			var err error
+			if ch, _, err = s.c.channel(ctx); err != nil {
+				return nil, err
+			}
+		}
+		_, err := ch.QueueDeclarePassive(claimQueue(s.name, i), false, false, true, false, nil)
+		switch {
+		case err == nil, isCode(err, amqp.ResourceLocked):
+			held = append(held, i)
+		case isCode(err, amqp.NotFound):
+		default:
+			return nil, fmt.Errorf("amqpsem: census of claims: %w", err)
+		}
+	}
+	return held, nil
+}

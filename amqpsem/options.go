@@ -1,0 +1,83 @@
+package amqpsem
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Queue types for the token queue.
+const (
+	Quorum  = "quorum"  // replicated, counts deliveries (the fencing number); the default
+	Classic = "classic" // single node; Fence is always 0
+)
+
+// DefaultMaxHold is the longest a permit is held before the client releases
+// it itself: below RabbitMQ's default consumer_timeout of 30 minutes, after
+// which the broker would close the holder's channel (3.10 checks it only
+// once a minute).
+const DefaultMaxHold = 25 * time.Minute
+
+type options struct {
+	tokensem.Options
+	queueType string
+	maxHold   time.Duration
+}
+
+// Option configures Init and Open; invalid values make them return an error
+// wrapping tokensem.ErrInvalidOption.
+type Option func(*options) error
+
+func newOptions(opts []Option) (options, error) {
+	o := options{Options: tokensem.DefaultOptions(), queueType: Quorum, maxHold: DefaultMaxHold}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return options{}, err
+		}
+	}
+	return o, nil
+}
+
+func common(opt tokensem.Option) Option {
+	return func(o *options) error { return opt(&o.Options) }
+}
+
+// WithKey sets the shared token signing key (see tokensem.WithKey).
+func WithKey(key []byte) Option { return common(tokensem.WithKey(key)) }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return common(tokensem.WithLogger(l)) }
+
+// WithRequestTimeout bounds each broker round trip (default
+// tokensem.DefaultRequestTimeout).
+func WithRequestTimeout(d time.Duration) Option { return common(tokensem.WithRequestTimeout(d)) }
+
+// WithQueueType picks the token queue type at Init: Quorum (default) or
+// Classic.
+func WithQueueType(t string) Option {
+	return func(o *options) error {
+		if t != Quorum && t != Classic {
+			return fmt.Errorf("%w: queue type %q (want %q or %q)", tokensem.ErrInvalidOption, t, Quorum, Classic)
+		}
+		o.queueType = t
+		return nil
+	}
+}
+
+// WithMaxHold sets how long a permit may be held before the client releases
+// it and closes its Done channel (default DefaultMaxHold; at least 1s). Keep
+// it below the broker's consumer_timeout.
+func WithMaxHold(d time.Duration) Option {
+	return func(o *options) error {
+		if d < time.Second {
+			return fmt.Errorf("%w: max hold %v (want >= 1s)", tokensem.ErrInvalidOption, d)
+		}
+		o.maxHold = d
+		return nil
+	}
+}

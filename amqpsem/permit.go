@@ -1,0 +1,149 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+)
+
+var _ tokensem.Permit = (*Permit)(nil)
+
+// errMaxHold is the cause of a loss when the permit was held for the
+// maximum hold and released by the client.
+var errMaxHold = errors.New("amqpsem: held for the maximum hold; released")
+
+// Permit is a held permit of a RabbitMQ semaphore: an unacked delivery on a
+// channel of its own plus the slot's exclusive claim queue. The broker
+// requeues the token the moment the channel or connection closes, so the
+// permit is lost exactly then; Done closes with it.
+type Permit struct {
+	s     *Semaphore
+	ch    *amqp.Channel
+	sess  *session
+	tag   uint64
+	tok   tokensem.Token
+	fence uint64
+
+	mu     sync.Mutex
+	state  int
+	err    error
+	done   chan struct{}
+	stop   chan struct{}
+	exited chan struct{}
+}
+
+const (
+	held = iota
+	releasing
+	released
+	lost
+)
+
+func (s *Semaphore) newPermit(ch *amqp.Channel, sess *session, d amqp.Delivery, tok tokensem.Token) *Permit {
+	p := &Permit{s: s, ch: ch, sess: sess, tag: d.DeliveryTag, tok: tok, fence: fence(d),
+		done: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go p.run(closed)
+	s.log.Debug("permit acquired", "index", tok.Index, "fence", p.fence)
+	return p
+}
+
+func (p *Permit) run(closed <-chan *amqp.Error) {
+	defer close(p.exited)
+	hold := time.NewTimer(p.s.opts.maxHold)
+	defer hold.Stop()
+	select {
+	case <-p.stop:
+	case e := <-closed:
+		p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %v", e))
+	case <-p.sess.lost:
+		p.lose(errors.New("amqpsem: connection lost, token requeued"))
+	case <-hold.C:
+		p.giveBack()
+		p.lose(errMaxHold)
+	}
+}
+
+// Token returns the held token.
+func (p *Permit) Token() tokensem.Token { return p.tok }
+
+// Fence returns the token's delivery count (quorum queues; 0 on classic).
+func (p *Permit) Fence() uint64 { return p.fence }
+
+// Done is closed when the permit is released or lost.
+func (p *Permit) Done() <-chan struct{} { return p.done }
+
+// Err is nil while held, ErrReleased after Release, and wraps
+// tokensem.ErrLeaseLost after a loss.
+func (p *Permit) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+func (p *Permit) lose(cause error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state == held || p.state == releasing {
+		p.state = lost
+		p.err = fmt.Errorf("%w: %s: %w", tokensem.ErrLeaseLost, p.tok, cause)
+		close(p.done)
+		p.s.unreserve(p.tok.Index)
+		p.s.log.Warn("permit lost", "index", p.tok.Index, "cause", cause)
+	}
+}
+
+// giveBack frees the slot's claim, then requeues the token (to the back of
+// the queue, behind the waiters already served) and closes the channel.
+// The claim goes first: a waiter that received the token while the claim
+// still existed would take it for a duplicate.
+func (p *Permit) giveBack() error {
+	_, err := p.ch.QueueDelete(claimQueue(p.s.name, p.tok.Index), false, false, false)
+	if err == nil {
+		err = p.ch.Reject(p.tag, true)
+	}
+	_ = p.ch.Close()
+	return err
+}
+
+// Release returns the token to the queue, where the broker hands it to the
+// longest waiter. A second call returns tokensem.ErrReleased; after a loss
+// it returns the loss and touches nothing.
+//
+// Errors: tokensem.ErrReleased, an error wrapping tokensem.ErrLeaseLost.
+func (p *Permit) Release(ctx context.Context) error {
+	p.mu.Lock()
+	switch p.state {
+	case released, releasing:
+		p.mu.Unlock()
+		return tokensem.ErrReleased
+	case lost:
+		err := p.err
+		p.mu.Unlock()
+		return err
+	}
+	p.state = releasing
+	p.mu.Unlock()
+	close(p.stop)
+	<-p.exited
+	if err := p.Err(); err != nil {
+		return err
+	}
+	if err := p.giveBack(); err != nil {
+		// The channel is gone: the broker requeued the token when it closed.
+		p.lose(fmt.Errorf("amqpsem: release: %w", err))
+		return p.Err()
+	}
+	p.s.unreserve(p.tok.Index)
+	p.mu.Lock()
+	p.state, p.err = released, tokensem.ErrReleased
+	close(p.done)
+	p.mu.Unlock()
+	return nil
+}
