@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -39,11 +41,67 @@ func connect(ctx context.Context, g *globals) (backend, error) {
 	case "nats", "tls":
 		return connectNATS(ctx, g)
 	case "amqp", "amqps":
-		return nil, usageErr{fmt.Errorf("--url %s: the RabbitMQ backend is not available in this build yet", u.Scheme)}
+		return connectAMQP(ctx, g)
 	default:
-		return nil, usageErr{fmt.Errorf("--url scheme %q: want nats://", u.Scheme)}
+		return nil, usageErr{fmt.Errorf("--url scheme %q: want nats://, amqp:// or amqps://", u.Scheme)}
 	}
 }
+
+type amqpBackend struct {
+	c *amqpsem.Conn
+}
+
+func connectAMQP(ctx context.Context, g *globals) (backend, error) {
+	dctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	c, err := amqpsem.Dial(dctx, g.url)
+	switch {
+	case errors.Is(err, amqpsem.ErrAuth):
+		return nil, authErr{err}
+	case errors.Is(err, amqpsem.ErrUnreachable):
+		return nil, unavailableErr{err}
+	case err != nil:
+		return nil, err
+	}
+	return amqpBackend{c: c}, nil
+}
+
+func (b amqpBackend) options(o semOptions) ([]amqpsem.Option, error) {
+	if o.lease != 0 {
+		return nil, usageErr{errors.New("--lease applies to nats:// only: on RabbitMQ a holder keeps its permit until its connection drops (--max-hold bounds a hold in exec)")}
+	}
+	if o.replicas != 0 {
+		return nil, usageErr{errors.New("--replicas applies to nats:// only: quorum queues replicate across the RabbitMQ cluster")}
+	}
+	var opts []amqpsem.Option
+	if o.key != nil {
+		opts = append(opts, amqpsem.WithKey(o.key))
+	}
+	if o.timeout != 0 {
+		opts = append(opts, amqpsem.WithRequestTimeout(o.timeout))
+	}
+	return opts, nil
+}
+
+func (b amqpBackend) init(ctx context.Context, name string, permits int, o semOptions) (tokensem.Semaphore, error) {
+	opts, err := b.options(o)
+	if err != nil {
+		return nil, err
+	}
+	s, err := amqpsem.Init(ctx, b.c, name, permits, opts...)
+	return s, classify(err)
+}
+
+func (b amqpBackend) open(ctx context.Context, name string, o semOptions) (tokensem.Semaphore, error) {
+	opts, err := b.options(o)
+	if err != nil {
+		return nil, err
+	}
+	s, err := amqpsem.Open(ctx, b.c, name, opts...)
+	return s, classify(err)
+}
+
+func (b amqpBackend) close() { _ = b.c.Close() }
 
 type natsBackend struct {
 	nc *nats.Conn
@@ -89,22 +147,23 @@ func (b natsBackend) options(o semOptions) []natssem.Option {
 
 func (b natsBackend) init(ctx context.Context, name string, permits int, o semOptions) (tokensem.Semaphore, error) {
 	s, err := natssem.Init(ctx, b.nc, name, permits, b.options(o)...)
-	return s, classifyNATS(err)
+	return s, classify(err)
 }
 
 func (b natsBackend) open(ctx context.Context, name string, o semOptions) (tokensem.Semaphore, error) {
 	s, err := natssem.Open(ctx, b.nc, name, b.options(o)...)
-	return s, classifyNATS(err)
+	return s, classify(err)
 }
 
 func (b natsBackend) close() { b.nc.Close() }
 
-// classifyNATS marks broker-side unavailability (no JetStream, no answer).
-func classifyNATS(err error) error {
+// classify marks broker-side unavailability (no JetStream, no answer, a
+// connection that went away).
+func classify(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout),
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout), errors.Is(err, amqp.ErrClosed),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrConnectionClosed),
 		strings.Contains(err.Error(), "jetstream not enabled"):
 		return unavailableErr{err}

@@ -40,8 +40,8 @@ Usage:
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
 
 Flags common to init, status and exec:
-  --url URL        broker URL; the scheme picks the backend: nats:// (amqp:// and
-                   amqps:// come with the RabbitMQ backend). Default $TOKENSEM_URL,
+  --url URL        broker URL; the scheme picks the backend: nats:// (NATS
+                   JetStream), amqp:// or amqps:// (RabbitMQ). Default $TOKENSEM_URL,
                    else ` + DefaultURL + `
   --json           machine-readable output
   --timeout DUR    bound on each broker round trip (default 10s)

@@ -71,7 +71,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return exitCodeErr{code: exitNoPermit, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
 	default:
-		return classifyNATS(err)
+		return classify(err)
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), tokensem.ReleaseTimeout)

@@ -51,7 +51,7 @@ func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string
 	defer cancel()
 	st, err := s.Status(sctx)
 	if err != nil {
-		return classifyNATS(err)
+		return classify(err)
 	}
 	if g.json {
 		e.printJSON(st)
@@ -61,8 +61,12 @@ func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string
 	if resource == "" {
 		resource = st.Queue
 	}
-	fmt.Fprintf(e.stdout, "%s %s: %d permits (%s %s, lease %v, epoch %d)\n",
-		st.Name, verb, st.Permits, st.Backend, resource, st.Lease.Round(time.Millisecond), st.Epoch)
+	lease := st.Lease.Round(time.Millisecond).String()
+	if st.Lease == 0 {
+		lease = "held until the holder's connection drops"
+	}
+	fmt.Fprintf(e.stdout, "%s %s: %d permits (%s %s, lease %s, epoch %d)\n",
+		st.Name, verb, st.Permits, st.Backend, resource, lease, st.Epoch)
 	fmt.Fprintf(e.stdout, "  tokens %d, available %d, held %d, waiting %d\n", st.Tokens, st.Available, st.Held, st.Waiting)
 	health := "healthy"
 	if !st.Healthy {

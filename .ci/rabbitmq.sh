@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs Debian's rabbitmq-server if needed, starts a node on loopback
+# unless one already answers, waits for it, and prints the AMQP URL.
+set -euo pipefail
+
+url="amqp://guest:guest@127.0.0.1:5672/"
+
+if ! command -v rabbitmq-server >/dev/null 2>&1; then
+	echo "installing rabbitmq-server" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq >&2
+	apt-get install -y -qq rabbitmq-server >&2
+fi
+
+if ! rabbitmqctl -q status >/dev/null 2>&1; then
+	echo "starting rabbitmq-server on 127.0.0.1:5672" >&2
+	export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=5672
+	export ERL_EPMD_ADDRESS=127.0.0.1
+	# No busy-waiting schedulers: they would eat a core of a 2-core machine.
+	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
+	rabbitmq-server -detached >&2
+fi
+rabbitmqctl -q await_startup --timeout 120 >&2
+echo "$url"
