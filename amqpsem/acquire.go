@@ -64,24 +64,30 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 		if noWait && tries >= maxTryDeliveries {
 			return nil, tokensem.ErrNoPermit
 		}
-		ch, sess, err := s.c.channel(ctx)
+		pc, err := s.channel(ctx)
 		if err != nil {
 			return nil, err
 		}
-		var p *Permit
-		if noWait {
-			p, err = s.get(ctx, ch, sess)
-		} else {
-			p, err = s.wait(ctx, ch, sess)
+		// A ready token means nobody waits (the broker hands tokens to
+		// waiting consumers first), so taking it with basic.get jumps no
+		// queue and is cheaper than subscribing.
+		p, err := s.get(ctx, pc)
+		if !noWait && errors.Is(err, tokensem.ErrNoPermit) {
+			p, err = s.wait(ctx, pc)
 		}
 		if p != nil {
 			return p, nil
 		}
-		_ = ch.Close() // requeues anything delivered and not claimed
 		var retry errRetry
 		if !errors.As(err, &retry) {
+			if errors.Is(err, tokensem.ErrNoPermit) {
+				s.putChannel(pc)
+			} else {
+				_ = pc.ch.Close() // requeues anything delivered and not claimed
+			}
 			return nil, err
 		}
+		_ = pc.ch.Close()
 		if retry.backoff {
 			if err := sleepCtx(ctx, pause+rand.N(pause)); err != nil {
 				return nil, err
@@ -92,11 +98,8 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 }
 
 // wait consumes the token queue until one delivery arrives.
-func (s *Semaphore) wait(ctx context.Context, ch *amqp.Channel, sess *session) (*Permit, error) {
-	if err := ch.Qos(1, 0, false); err != nil {
-		return nil, errRetry{}
-	}
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel) (*Permit, error) {
+	ch := pc.ch
 	tag := "tokensem-" + tokensem.NewToken(s.name, 0, 1).ID
 	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
 	if err != nil {
@@ -110,9 +113,9 @@ func (s *Semaphore) wait(ctx context.Context, ch *amqp.Channel, sess *session) (
 		return nil, ctx.Err()
 	case <-s.done:
 		return nil, tokensem.ErrClosed
-	case <-sess.lost:
+	case <-pc.sess.lost:
 		return nil, errRetry{}
-	case <-closed:
+	case <-pc.closed:
 		return nil, errRetry{backoff: true}
 	case d, ok := <-deliveries:
 		if !ok {
@@ -123,30 +126,33 @@ func (s *Semaphore) wait(ctx context.Context, ch *amqp.Channel, sess *session) (
 		if err := ch.Cancel(tag, false); err != nil {
 			return nil, errRetry{}
 		}
-		return s.claim(ctx, ch, sess, d)
+		return s.claim(ctx, pc, d)
 	}
 }
 
-// get takes one ready token with basic.get.
-func (s *Semaphore) get(ctx context.Context, ch *amqp.Channel, sess *session) (*Permit, error) {
-	d, ok, err := ch.Get(QueueName(s.name), false)
+// get takes one ready token with basic.get, or returns ErrNoPermit.
+func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error) {
+	d, ok, err := pc.ch.Get(QueueName(s.name), false)
 	switch {
 	case isCode(err, amqp.NotFound):
 		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
 	case err != nil:
-		return nil, fmt.Errorf("amqpsem: basic.get: %w", err)
+		return nil, errRetry{backoff: true}
 	case !ok:
 		return nil, tokensem.ErrNoPermit
 	}
-	return s.claim(ctx, ch, sess, d)
+	return s.claim(ctx, pc, d)
 }
 
 // claim turns a delivery into a permit. Junk, forged, foreign and retired
-// tokens are removed (acked). A token whose slot is already held (by this
-// process, or by another connection's exclusive claim queue) is a duplicate
-// or the holder's connection is just closing: it goes back (the channel is
-// closed) and the caller retries after a pause.
-func (s *Semaphore) claim(ctx context.Context, ch *amqp.Channel, sess *session, d amqp.Delivery) (*Permit, error) {
+// tokens are removed (acked). The slot is claimed with an exclusive
+// consumer on the slot's claim queue: the broker refuses a second exclusive
+// consumer (403) while the first exists, and drops it when its channel or
+// connection closes. A token whose slot is claimed already (by this
+// process or another) is a duplicate, or its holder's connection is just
+// closing: it goes back (the channel is closed) and the caller retries
+// after a pause.
+func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery) (*Permit, error) {
 	tok, err := s.admit(d.Body)
 	if err != nil {
 		s.log.Warn("removing an invalid token message", "reason", err)
@@ -157,15 +163,35 @@ func (s *Semaphore) claim(ctx context.Context, ch *amqp.Channel, sess *session, 
 		s.log.Warn("duplicate token of a slot this process holds; returning it", "index", tok.Index)
 		return nil, errRetry{backoff: true}
 	}
-	if _, err := ch.QueueDeclare(claimQueue(s.name, tok.Index), false, false, true, false, nil); err != nil {
+	if err := s.claimSlot(pc, tok.Index); err != nil {
 		s.unreserve(tok.Index)
-		if isCode(err, amqp.ResourceLocked) {
-			s.log.Debug("slot claimed by another connection; returning the token", "index", tok.Index)
+		if isCode(err, amqp.AccessRefused) {
+			s.log.Debug("slot claimed by another holder; returning the token", "index", tok.Index)
 			return nil, errRetry{backoff: true}
 		}
 		return nil, fmt.Errorf("amqpsem: claim slot %d: %w", tok.Index, err)
 	}
-	return s.newPermit(ch, sess, d, tok), nil
+	return s.newPermit(pc, d, tok), nil
+}
+
+// claimTag is the consumer tag of a slot claim on its holder's channel.
+const claimTag = "tokensem-claim"
+
+// claimSlot starts the exclusive consumer that claims a slot, declaring the
+// slot's claim queue the first time this process meets it.
+func (s *Semaphore) claimSlot(pc *pooledChannel, index int) error {
+	q := claimQueue(s.name, index)
+	if !s.knownClaim(index) {
+		if _, err := pc.ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+			return err
+		}
+		s.markClaim(index)
+	}
+	_, err := pc.ch.Consume(q, claimTag, false, true, false, false, nil)
+	if isCode(err, amqp.NotFound) { // deleted behind our back (a broker restart)
+		s.forgetClaim(index)
+	}
+	return err
 }
 
 // admit parses and checks a delivered token.

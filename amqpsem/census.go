@@ -14,9 +14,9 @@ import (
 // delivering it, so the census takes every ready token with basic.get,
 // reads it, and requeues them all (they are unavailable for that instant,
 // and go to the back of the queue). Held tokens cannot be read at all; their
-// slots are known from the holders' exclusive claim queues (a passive
-// declare answers 405 when another connection holds the slot, 404 when it
-// is free). A token being claimed at the very moment of the census is seen
+// slots are known from the claim queues (a holder keeps an exclusive
+// consumer on its slot's claim queue, so a passive declare shows one
+// consumer). A token being claimed at the very moment of the census is seen
 // neither ready nor held, so it may show as missing for that one census.
 //
 // Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
@@ -129,11 +129,13 @@ func (s *Semaphore) readClaims(ctx context.Context, permits int) ([]int, error) 
 				return nil, err
 			}
 		}
-		_, err := ch.QueueDeclarePassive(claimQueue(s.name, i), false, false, true, false, nil)
+		q, err := ch.QueueDeclarePassive(claimQueue(s.name, i), false, false, false, false, nil)
 		switch {
-		case err == nil, isCode(err, amqp.ResourceLocked):
-			held = append(held, i)
-		case isCode(err, amqp.NotFound):
+		case err == nil:
+			if q.Consumers > 0 {
+				held = append(held, i)
+			}
+		case isCode(err, amqp.NotFound): // never claimed
 		default:
 			return nil, fmt.Errorf("amqpsem: census of claims: %w", err)
 		}

@@ -24,8 +24,7 @@ var errMaxHold = errors.New("amqpsem: held for the maximum hold; released")
 // permit is lost exactly then; Done closes with it.
 type Permit struct {
 	s     *Semaphore
-	ch    *amqp.Channel
-	sess  *session
+	pc    *pooledChannel
 	tag   uint64
 	tok   tokensem.Token
 	fence uint64
@@ -45,24 +44,23 @@ const (
 	lost
 )
 
-func (s *Semaphore) newPermit(ch *amqp.Channel, sess *session, d amqp.Delivery, tok tokensem.Token) *Permit {
-	p := &Permit{s: s, ch: ch, sess: sess, tag: d.DeliveryTag, tok: tok, fence: fence(d),
+func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.Token) *Permit {
+	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d),
 		done: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	go p.run(closed)
+	go p.run()
 	s.log.Debug("permit acquired", "index", tok.Index, "fence", p.fence)
 	return p
 }
 
-func (p *Permit) run(closed <-chan *amqp.Error) {
+func (p *Permit) run() {
 	defer close(p.exited)
 	hold := time.NewTimer(p.s.opts.maxHold)
 	defer hold.Stop()
 	select {
 	case <-p.stop:
-	case e := <-closed:
-		p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %v", e))
-	case <-p.sess.lost:
+	case <-p.pc.closed:
+		p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %v", p.pc.closeErr()))
+	case <-p.pc.sess.lost:
 		p.lose(errors.New("amqpsem: connection lost, token requeued"))
 	case <-hold.C:
 		p.giveBack()
@@ -99,17 +97,21 @@ func (p *Permit) lose(cause error) {
 	}
 }
 
-// giveBack frees the slot's claim, then requeues the token (to the back of
-// the queue, behind the waiters already served) and closes the channel.
-// The claim goes first: a waiter that received the token while the claim
-// still existed would take it for a duplicate.
+// giveBack ends the slot's claim, then requeues the token (to the back of
+// the queue, behind the waiters already served). The claim goes first: a
+// waiter that received the token while the claim still existed would take
+// it for a duplicate. The channel, now idle, goes back to the pool.
 func (p *Permit) giveBack() error {
-	_, err := p.ch.QueueDelete(claimQueue(p.s.name, p.tok.Index), false, false, false)
+	err := p.pc.ch.Cancel(claimTag, false)
 	if err == nil {
-		err = p.ch.Reject(p.tag, true)
+		err = p.pc.ch.Reject(p.tag, true)
 	}
-	_ = p.ch.Close()
-	return err
+	if err != nil {
+		_ = p.pc.ch.Close()
+		return err
+	}
+	p.s.putChannel(p.pc)
+	return nil
 }
 
 // Release returns the token to the queue, where the broker hands it to the

@@ -28,7 +28,9 @@ type Semaphore struct {
 
 	mu     sync.Mutex
 	cfg    config
-	held   map[int]bool // slots this process holds (claims are per connection)
+	held   map[int]bool // slots this process holds
+	claims map[int]bool // claim queues known to exist
+	idle   []*pooledChannel
 	closed bool
 	done   chan struct{}
 }
@@ -125,7 +127,8 @@ func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {
 	}
 	return &Semaphore{
 		c: c, name: name, opts: o, codec: tokensem.NewCodec(o.Key),
-		log: o.Logger.With("semaphore", name), held: make(map[int]bool), done: make(chan struct{}),
+		log: o.Logger.With("semaphore", name), held: make(map[int]bool), claims: make(map[int]bool),
+		done: make(chan struct{}),
 	}, nil
 }
 
@@ -353,6 +356,10 @@ func (s *Semaphore) Close() error {
 	if !s.closed {
 		s.closed = true
 		close(s.done)
+		for _, pc := range s.idle {
+			_ = pc.ch.Close()
+		}
+		s.idle = nil
 	}
 	return nil
 }

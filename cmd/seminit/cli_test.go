@@ -85,8 +85,10 @@ func TestUsage(t *testing.T) {
 	}
 }
 
-// TestBrokerErrors covers exit codes that need a broker (or its absence).
+// TestBrokerErrors covers exit codes that need a broker (or its absence),
+// on NATS; TestAMQPBrokerErrors covers RabbitMQ.
 func TestBrokerErrors(t *testing.T) {
+	nats := natsBroker()
 	missing := uniqueName(t)
 	tests := []struct {
 		name       string
@@ -104,7 +106,7 @@ func TestBrokerErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r := seminit(t, tc.args...)
+			r := nats.seminit(t, tc.args...)
 			if r.code != tc.want {
 				t.Fatalf("seminit %q: %v\nwant exit %d", tc.args, r, tc.want)
 			}
@@ -117,15 +119,15 @@ func TestBrokerErrors(t *testing.T) {
 		})
 	}
 	// The failed init must not have created the semaphore.
-	if r := seminit(t, "status", "--name", missing); r.code != exitConfig {
+	if r := nats.seminit(t, "status", "--name", missing); r.code != exitConfig {
 		t.Fatalf("status after a refused init: %v", r)
 	}
 }
 
 // statusJSON is the --json status, decoded twice: typed and raw.
-func statusJSON(t *testing.T, name string) (map[string]any, statusDoc) {
+func (b broker) statusJSON(t *testing.T, name string) (map[string]any, statusDoc) {
 	t.Helper()
-	r := seminit(t, "status", "--json", "--name", name)
+	r := b.seminit(t, "status", "--json", "--name", name)
 	if r.code != exitOK {
 		t.Fatalf("status --json: %v", r)
 	}
@@ -144,6 +146,7 @@ type statusDoc struct {
 	Name       string `json:"name"`
 	Backend    string `json:"backend"`
 	Stream     string `json:"stream"`
+	Queue      string `json:"queue"`
 	Permits    int    `json:"permits"`
 	Tokens     int    `json:"tokens"`
 	Available  int    `json:"available"`
@@ -155,25 +158,32 @@ type statusDoc struct {
 	Healthy    bool   `json:"healthy"`
 }
 
-func TestInitStatus(t *testing.T) {
+func TestInitStatus(t *testing.T) { forEachBroker(t, testInitStatus) }
+
+func testInitStatus(t *testing.T, b broker) {
 	name := uniqueName(t)
-	r := seminit(t, "init", "--name", name, "--permits", "3")
+	r := b.seminit(t, "init", "--name", name, "--permits", "3")
 	if r.code != exitOK || !strings.Contains(r.stdout, name+" ready: 3 permits") || !strings.Contains(r.stdout, "healthy") {
 		t.Fatalf("init: %v", r)
 	}
-	r = seminit(t, "init", "--name", name, "--permits", "3")
+	r = b.seminit(t, "init", "--name", name, "--permits", "3")
 	if r.code != exitOK || !strings.Contains(r.stdout, name+" ready: 3 permits") {
 		t.Fatalf("second identical init: %v", r)
 	}
-	r = seminit(t, "init", "--name", name, "--permits", "4")
+	r = b.seminit(t, "init", "--name", name, "--permits", "4")
 	if r.code != exitConfig || !strings.Contains(r.stderr, "mismatch") {
 		t.Fatalf("init with another --permits: %v\nwant exit %d and \"mismatch\"", r, exitConfig)
 	}
 
-	raw, st := statusJSON(t, name)
-	for _, field := range []string{"name", "backend", "permits", "tokens", "available", "held", "waiting", "duplicates", "missing", "invalid", "healthy", "stream"} {
+	raw, st := b.statusJSON(t, name)
+	for _, field := range []string{"name", "backend", "permits", "tokens", "available", "held", "waiting", "duplicates", "missing", "invalid", "healthy", b.store} {
 		if _, ok := raw[field]; !ok {
 			t.Errorf("status --json has no %q: %v", field, raw)
+		}
+	}
+	for _, field := range []string{"stream", "queue"} {
+		if _, ok := raw[field]; ok && field != b.store {
+			t.Errorf("status --json of a %s semaphore has a %q: %v", b.name, field, raw)
 		}
 	}
 	for _, field := range []string{"duplicates", "missing"} {
@@ -181,22 +191,30 @@ func TestInitStatus(t *testing.T) {
 			t.Errorf("status --json %q = %#v, want a JSON list", field, raw[field])
 		}
 	}
-	want := statusDoc{Name: name, Backend: "nats", Stream: "TOKENSEM_" + name, Permits: 3, Tokens: 3, Available: 3,
+	store := b.prefix + name
+	want := statusDoc{Name: name, Backend: b.name, Permits: 3, Tokens: 3, Available: 3,
 		Duplicates: []int{}, Missing: []int{}, Healthy: true}
+	if b.store == "queue" {
+		want.Queue = store
+	} else {
+		want.Stream = store
+	}
 	if fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("status --json = %+v\nwant %+v", st, want)
 	}
 
-	r = seminit(t, "status", "--name", name)
-	if r.code != exitOK || !strings.Contains(r.stdout, name+" status: 3 permits (nats TOKENSEM_"+name) ||
+	r = b.seminit(t, "status", "--name", name)
+	if r.code != exitOK || !strings.Contains(r.stdout, fmt.Sprintf("%s status: 3 permits (%s %s,", name, b.name, store)) ||
 		!strings.Contains(r.stdout, "tokens 3, available 3, held 0, waiting 0") {
 		t.Errorf("status: %v", r)
 	}
 }
 
-func TestExecExitStatus(t *testing.T) {
+func TestExecExitStatus(t *testing.T) { forEachBroker(t, testExecExitStatus) }
+
+func testExecExitStatus(t *testing.T, b broker) {
 	name := uniqueName(t)
-	mustInit(t, name, 1)
+	b.mustInit(t, name, 1)
 	tests := []struct {
 		name string
 		argv []string
@@ -210,24 +228,26 @@ func TestExecExitStatus(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"exec", "--name", name, "--wait", "10s", "--"}, tc.argv...)
-			if r := seminit(t, args...); r.code != tc.want {
+			if r := b.seminit(t, args...); r.code != tc.want {
 				t.Fatalf("seminit %q: %v\nwant exit %d", args, r, tc.want)
 			}
 		})
 	}
 	// Every run released its permit.
-	if r := seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
+	if r := b.seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
 		t.Fatalf("exec after the others: %v", r)
 	}
 }
 
-func TestExecEnv(t *testing.T) {
+func TestExecEnv(t *testing.T) { forEachBroker(t, testExecEnv) }
+
+func testExecEnv(t *testing.T, b broker) {
 	const n = 3
 	name := uniqueName(t)
-	mustInit(t, name, n)
+	b.mustInit(t, name, n)
 	script := `printf '%s|%s|%s\n' "$TOKENSEM_NAME" "$TOKENSEM_SLOT" "$TOKENSEM_FENCE"`
 	for i := range 2 {
-		r := seminit(t, "exec", "--name", name, "--wait", "10s", "--", "sh", "-c", script)
+		r := b.seminit(t, "exec", "--name", name, "--wait", "10s", "--", "sh", "-c", script)
 		if r.code != exitOK {
 			t.Fatalf("exec: %v", r)
 		}
@@ -250,14 +270,14 @@ func TestExecEnv(t *testing.T) {
 	}
 }
 
-// holder starts `seminit exec` on name running a shell that prints its pid
+// holder starts `seminit exec` on the broker's name running a shell that prints its pid
 // and then becomes `sleep secs`; it returns once the child runs, with the
 // child's pid (also its process group id). The cleanup kills the group.
-func holder(t *testing.T, name string, secs int, extra ...string) (*proc, int) {
+func (b broker) holder(t *testing.T, name string, secs int, extra ...string) (*proc, int) {
 	t.Helper()
 	args := append([]string{"exec", "--name", name}, extra...)
 	args = append(args, "--", "sh", "-c", "echo $$; exec sleep "+strconv.Itoa(secs))
-	p := startSeminit(t, testEnv(), args...)
+	p := startSeminit(t, b.env(), args...)
 	line := p.waitLine(20 * time.Second)
 	pid, err := strconv.Atoi(strings.TrimSpace(line))
 	if err != nil || pid <= 0 {
@@ -267,11 +287,13 @@ func holder(t *testing.T, name string, secs int, extra ...string) (*proc, int) {
 	return p, pid
 }
 
-func TestExecWaitTimeout(t *testing.T) {
+func TestExecWaitTimeout(t *testing.T) { forEachBroker(t, testExecWaitTimeout) }
+
+func testExecWaitTimeout(t *testing.T, b broker) {
 	name := uniqueName(t)
-	mustInit(t, name, 1)
-	holder(t, name, 5)
-	r := seminit(t, "exec", "--name", name, "--wait", "300ms", "--", "echo", "must not run")
+	b.mustInit(t, name, 1)
+	b.holder(t, name, 5)
+	r := b.seminit(t, "exec", "--name", name, "--wait", "300ms", "--", "echo", "must not run")
 	if r.code != exitNoPermit {
 		t.Fatalf("exec --wait 300ms while the only permit is held: %v\nwant exit %d", r, exitNoPermit)
 	}
@@ -285,16 +307,18 @@ func TestExecWaitTimeout(t *testing.T) {
 		t.Errorf("stderr = %q, want it to say \"no permit\"", r.stderr)
 	}
 	t.Logf("exec --wait 300ms gave up after %v", r.elapsed.Round(time.Millisecond))
-	_, st := statusJSON(t, name)
+	_, st := b.statusJSON(t, name)
 	if st.Held != 1 || st.Available != 0 || !st.Healthy {
 		t.Errorf("status with one holder = %+v", st)
 	}
 }
 
-func TestExecLeaseLimit(t *testing.T) {
+func TestExecLeaseLimit(t *testing.T) { forEachBroker(t, testExecLeaseLimit) }
+
+func testExecLeaseLimit(t *testing.T, b broker) {
 	name := uniqueName(t)
-	mustInit(t, name, 1)
-	p, pid := holder(t, name, 30, "--max-hold", "300ms")
+	b.mustInit(t, name, 1)
+	p, pid := b.holder(t, name, 30, "--max-hold", "300ms")
 	r := p.wait(10 * time.Second)
 	if r.code != exitHoldLimit {
 		t.Fatalf("exec --max-hold 300ms -- sleep 30: %v\nwant exit %d", r, exitHoldLimit)
@@ -305,15 +329,17 @@ func TestExecLeaseLimit(t *testing.T) {
 	if alive(pid) {
 		t.Errorf("child %d still running after seminit exited", pid)
 	}
-	if r := seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
+	if r := b.seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
 		t.Fatalf("exec after the --max-hold stop: %v\nthe permit did not come back", r)
 	}
 }
 
-func TestExecSIGTERM(t *testing.T) {
+func TestExecSIGTERM(t *testing.T) { forEachBroker(t, testExecSIGTERM) }
+
+func testExecSIGTERM(t *testing.T, b broker) {
 	name := uniqueName(t)
-	mustInit(t, name, 1)
-	p, pid := holder(t, name, 30)
+	b.mustInit(t, name, 1)
+	p, pid := b.holder(t, name, 30)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -324,19 +350,21 @@ func TestExecSIGTERM(t *testing.T) {
 	if alive(pid) {
 		t.Errorf("child %d still running after seminit exited", pid)
 	}
-	if r := seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
+	if r := b.seminit(t, "exec", "--name", name, "--wait", "5s", "--", "true"); r.code != exitOK {
 		t.Fatalf("exec after SIGTERM of the holder: %v\nthe permit did not come back", r)
 	}
 }
 
 // TestExecInterruptedWaiting checks a SIGTERM while waiting for a permit.
-func TestExecInterruptedWaiting(t *testing.T) {
+func TestExecInterruptedWaiting(t *testing.T) { forEachBroker(t, testExecInterruptedWaiting) }
+
+func testExecInterruptedWaiting(t *testing.T, b broker) {
 	name := uniqueName(t)
-	mustInit(t, name, 1)
-	holder(t, name, 30)
-	w := startSeminit(t, testEnv(), "exec", "--name", name, "--", "echo", "must not run")
+	b.mustInit(t, name, 1)
+	b.holder(t, name, 30)
+	w := startSeminit(t, b.env(), "exec", "--name", name, "--", "echo", "must not run")
 	eventually(t, 10*time.Second, "second exec waiting", func() bool {
-		_, st := statusJSON(t, name)
+		_, st := b.statusJSON(t, name)
 		return st.Waiting == 1
 	})
 	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -348,7 +376,7 @@ func TestExecInterruptedWaiting(t *testing.T) {
 	}
 	t.Logf("SIGTERM while waiting for a permit: exit %d", r.code)
 	eventually(t, 10*time.Second, "no waiter left", func() bool {
-		_, st := statusJSON(t, name)
+		_, st := b.statusJSON(t, name)
 		return st.Waiting == 0 && st.Held == 1 && st.Healthy
 	})
 }
@@ -450,21 +478,23 @@ func (m *meter) serve(c net.Conn) {
 
 // TestExecAtMostN runs 8 seminit exec processes at once on a semaphore of
 // 2 permits, twice over; their children report to a meter.
-func TestExecAtMostN(t *testing.T) {
+func TestExecAtMostN(t *testing.T) { forEachBroker(t, testExecAtMostN) }
+
+func testExecAtMostN(t *testing.T, b broker) {
 	const (
 		permits = 2
 		procs   = 8
 		rounds  = 2
 	)
 	name := uniqueName(t)
-	mustInit(t, name, permits)
+	b.mustInit(t, name, permits)
 	m := startMeter(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A race-enabled test binary sleeps 1s at exit unless told not to.
-	env := testEnv(meterChildEnv+"="+m.l.Addr().String(),
+	env := b.env(meterChildEnv+"="+m.l.Addr().String(),
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 
 	start := time.Now()
@@ -512,17 +542,26 @@ func TestExecAtMostN(t *testing.T) {
 }
 
 // TestExecHolderKilled kills -9 a seminit exec holding the only permit:
-// the permit must come back once its lease runs out.
-func TestExecHolderKilled(t *testing.T) {
+// the permit must come back, on NATS once its lease runs out, on RabbitMQ
+// as soon as the broker sees the holder's connection close.
+func TestExecHolderKilled(t *testing.T) { forEachBroker(t, testExecHolderKilled) }
+
+func testExecHolderKilled(t *testing.T, b broker) {
 	const lease = 2 * time.Second
 	name := uniqueName(t)
-	mustInit(t, name, 1, "--lease", lease.String())
-	p, pid := holder(t, name, 30)
+	bound, how := 5*time.Second, "lease: until the connection drops"
+	if b.leases {
+		b.mustInit(t, name, 1, "--lease", lease.String())
+		bound, how = 15*time.Second, "lease "+lease.String()
+	} else {
+		b.mustInit(t, name, 1)
+	}
+	p, pid := b.holder(t, name, 30)
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	next := startSeminit(t, testEnv(), "exec", "--name", name, "--wait", "15s", "--", "true")
+	next := startSeminit(t, b.env(), "exec", "--name", name, "--wait", "15s", "--", "true")
 	if r := p.wait(10 * time.Second); r.code != -1 {
 		t.Fatalf("seminit after kill -9: %v", r)
 	}
@@ -531,17 +570,17 @@ func TestExecHolderKilled(t *testing.T) {
 	if r.code != exitOK {
 		t.Fatalf("exec --wait 15s after kill -9 of the holder: %v", r)
 	}
-	t.Logf("permit back %v after kill -9 of its holder (lease %v)", recovered.Round(time.Millisecond), lease)
+	t.Logf("%s: permit back %v after kill -9 of its holder (%s)", b.name, recovered.Round(time.Millisecond), how)
 	// The child dies with its holder (parent-death signal), so it does not
 	// go on using the resource once the permit is handed on.
 	if alive(pid) {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		t.Errorf("the killed holder's child %d was still running when the permit was handed on", pid)
 	}
-	if recovered > 15*time.Second {
-		t.Errorf("recovery took %v", recovered)
+	if recovered > bound {
+		t.Errorf("recovery took %v, want at most %v", recovered, bound)
 	}
-	_, st := statusJSON(t, name)
+	_, st := b.statusJSON(t, name)
 	if !st.Healthy || st.Held != 0 || st.Available != 1 {
 		t.Errorf("status after recovery = %+v", st)
 	}
@@ -549,19 +588,21 @@ func TestExecHolderKilled(t *testing.T) {
 
 // TestExecPermitLost freezes a holder (SIGSTOP) past its lease: another
 // exec takes the permit over, and once thawed the holder stops its child
-// and exits 70.
+// and exits 70. NATS only: RabbitMQ has no lease, and would drop a frozen
+// holder only after two heartbeats (10s).
 func TestExecPermitLost(t *testing.T) {
 	const lease = time.Second
+	nats := natsBroker()
 	name := uniqueName(t)
-	mustInit(t, name, 1, "--lease", lease.String())
-	p, pid := holder(t, name, 30)
+	nats.mustInit(t, name, 1, "--lease", lease.String())
+	p, pid := nats.holder(t, name, 30)
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
 	t.Cleanup(func() { _ = p.cmd.Process.Signal(syscall.SIGCONT) })
 
-	r := seminit(t, "exec", "--name", name, "--wait", "15s", "--", "true")
+	r := nats.seminit(t, "exec", "--name", name, "--wait", "15s", "--", "true")
 	if r.code != exitOK {
 		t.Fatalf("exec --wait 15s while the holder is frozen: %v", r)
 	}
@@ -580,7 +621,7 @@ func TestExecPermitLost(t *testing.T) {
 	if alive(pid) {
 		t.Errorf("child %d still running after its holder lost the permit", pid)
 	}
-	_, st := statusJSON(t, name)
+	_, st := nats.statusJSON(t, name)
 	if !st.Healthy || st.Held != 0 || st.Available != 1 {
 		t.Errorf("status after the takeover = %+v", st)
 	}

@@ -1,9 +1,12 @@
 package main
 
 // Black-box tests of the seminit command. TestMain builds the binary once
-// and runs it as `seminit server` on a free loopback port; every test then
-// drives real seminit processes against that server. The test binary also
-// doubles as a child command for `seminit exec` (see meterChild).
+// and runs it as `seminit server` on a free loopback port, and finds a
+// RabbitMQ the way the library tests do (rabbittest.Start: $RABBITMQ_URL,
+// else a container when Docker answers). Every test then drives real seminit
+// processes against those brokers; the contract tests run once per backend
+// (see forEachBroker). The test binary also doubles as a child command for
+// `seminit exec` (see meterChild).
 
 import (
 	"bufio"
@@ -11,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -23,6 +27,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tokensem/tokensem/internal/rabbittest"
 )
 
 // meterChildEnv, when set to a host:port, turns the test binary into the
@@ -34,6 +40,8 @@ var (
 	serverURL  string      // nats://127.0.0.1:port of the seminit server
 	serverOut  *syncBuffer // the server's stdout
 	serverCmd  *exec.Cmd   // the running `seminit server`
+	rabbitURL  string      // amqp:// URL of the RabbitMQ under test; "" when none
+	rabbitErr  error       // why there is no RabbitMQ
 )
 
 func TestMain(m *testing.M) {
@@ -56,6 +64,16 @@ func testMain(m *testing.M) int {
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		return 1
+	}
+
+	// No RabbitMQ is not fatal here: the NATS tests run regardless, and
+	// the amqp variants skip (fail under CI=true, as rabbittest.Main does).
+	if b, err := rabbittest.Start(context.Background()); err != nil {
+		rabbitErr = err
+		fmt.Fprintln(os.Stderr, "seminit tests: amqp variants will not run:", err)
+	} else {
+		defer b.Stop()
+		rabbitURL = b.URL
 	}
 
 	stop, err := startServer(filepath.Join(dir, "store"))
@@ -203,16 +221,68 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// testEnv is the environment of every seminit process: the test's own,
-// without TOKENSEM_* settings, pointed at the test server.
-func testEnv(extra ...string) []string {
+// broker is a backend the contract tests run against.
+type broker struct {
+	name   string // "nats" or "amqp": the URL scheme and status's "backend"
+	url    string // "" when there is no such broker
+	store  string // the status field naming the token store: "stream" or "queue"
+	prefix string // the token store's name is prefix+semaphore name
+	leases bool   // init takes --lease
+}
+
+// brokers are the backends: the `seminit server` and the RabbitMQ TestMain
+// found (url "" when none).
+func brokers() []broker {
+	return []broker{
+		{name: "nats", url: serverURL, store: "stream", prefix: "TOKENSEM_", leases: true},
+		{name: "amqp", url: rabbitURL, store: "queue", prefix: "tokensem."},
+	}
+}
+
+// natsBroker is the `seminit server`, for tests of NATS-only behaviour.
+func natsBroker() broker { return brokers()[0] }
+
+// amqpBroker is the RabbitMQ, for tests of amqp-only behaviour; see need.
+func amqpBroker(t testing.TB) broker {
+	t.Helper()
+	b := brokers()[1]
+	b.need(t)
+	return b
+}
+
+// need skips the test when the broker does not exist, or fails it under
+// CI=true (the rule of rabbittest.Main).
+func (b broker) need(t testing.TB) {
+	t.Helper()
+	if b.url != "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true and no %s broker: %v", b.name, rabbitErr)
+	}
+	t.Skipf("no %s broker: %v", b.name, rabbitErr)
+}
+
+// forEachBroker runs test as a subtest per backend, named after it.
+func forEachBroker(t *testing.T, test func(t *testing.T, b broker)) {
+	for _, b := range brokers() {
+		t.Run(b.name, func(t *testing.T) {
+			b.need(t)
+			test(t, b)
+		})
+	}
+}
+
+// env is the environment of every seminit process: the test's own,
+// without TOKENSEM_* settings, pointed at the broker.
+func (b broker) env(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "TOKENSEM_") && !strings.HasPrefix(kv, meterChildEnv+"=") {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "TOKENSEM_URL="+serverURL)
+	env = append(env, "TOKENSEM_URL="+b.url)
 	return append(env, extra...)
 }
 
@@ -321,15 +391,23 @@ func (p *proc) waitLine(d time.Duration) string {
 	}
 }
 
-// seminit runs seminit with args to completion (at most 60s).
-func seminit(t testing.TB, args ...string) result {
+// seminit runs seminit with args on the broker to completion (at most 60s).
+func (b broker) seminit(t testing.TB, args ...string) result {
 	t.Helper()
-	return startSeminit(t, testEnv(), args...).wait(60 * time.Second)
+	return startSeminit(t, b.env(), args...).wait(60 * time.Second)
 }
 
-var nameSeq atomic.Int64
+var (
+	nameSeq atomic.Int64
+	// runID tells this run's names from those of earlier runs: RabbitMQ
+	// keeps its queues, and a pid can come round again (say, in a fresh
+	// container).
+	runID = fmt.Sprintf("%08x", rand.Uint32())
+)
 
-// uniqueName returns a fresh semaphore name for a test.
+// uniqueName returns a fresh semaphore name for a test, unique across
+// runs: t, the run id, a sequence number and the end of the test's name
+// (51 bytes plus the sequence number's digits, within tokensem.MaxNameLen).
 func uniqueName(t testing.TB) string {
 	base := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
@@ -340,14 +418,14 @@ func uniqueName(t testing.TB) string {
 	if len(base) > 40 {
 		base = base[len(base)-40:]
 	}
-	return fmt.Sprintf("t%d-%d-%s", os.Getpid(), nameSeq.Add(1), strings.Trim(base, "-"))
+	return fmt.Sprintf("t%s-%d-%s", runID, nameSeq.Add(1), strings.Trim(base, "-"))
 }
 
-// mustInit creates a semaphore with seminit init.
-func mustInit(t testing.TB, name string, permits int, extra ...string) {
+// mustInit creates a semaphore on the broker with seminit init.
+func (b broker) mustInit(t testing.TB, name string, permits int, extra ...string) {
 	t.Helper()
 	args := append([]string{"init", "--name", name, "--permits", fmt.Sprint(permits)}, extra...)
-	if r := seminit(t, args...); r.code != exitOK {
+	if r := b.seminit(t, args...); r.code != exitOK {
 		t.Fatalf("seminit %v: %v", args, r)
 	}
 }

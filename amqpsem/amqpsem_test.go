@@ -1,0 +1,179 @@
+package amqpsem_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/faultproxy"
+)
+
+func name(t *testing.T) string {
+	return "a" + tokensem.NewToken("x", 0, 0).ID[:8] + "-" + t.Name()[4:min(len(t.Name()), 30)]
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func initAMQP(t *testing.T, n string, permits int, opts ...amqpsem.Option) *amqpsem.Semaphore {
+	t.Helper()
+	s, err := amqpsem.Init(t.Context(), dial(t, broker.Addr, 0), n, permits, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// TestTokenSurvivesManyReturns: RabbitMQ 4.x drops a quorum-queue message
+// silently after 20 returns unless the queue disables the limit, and on
+// 3.x the argument that disables it there would drop the token at once.
+// Whatever the broker, the token must survive.
+func TestTokenSurvivesManyReturns(t *testing.T) {
+	s := initAMQP(t, name(t), 1)
+	var last uint64
+	for i := range 30 {
+		p, err := s.Acquire(ctxFor(t, 5*time.Second))
+		if err != nil {
+			t.Fatalf("acquire %d: the token was dropped: %v", i, err)
+		}
+		if p.Fence() <= last {
+			t.Fatalf("fence %d after %d", p.Fence(), last)
+		}
+		last = p.Fence()
+		if err := p.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("server %s: token returned 30 times, fence %d", dialServerVersion(t), last)
+}
+
+func dialServerVersion(t *testing.T) string { return dial(t, broker.Addr, 0).ServerVersion() }
+
+// TestDuplicateTokenCannotAdmitTwoHolders: a copy of a held slot's token
+// is refused by the slot's claim queue.
+func TestDuplicateTokenCannotAdmitTwoHolders(t *testing.T) {
+	n := name(t)
+	a := initAMQP(t, n, 1)
+	pa, err := a.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyTok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(n, 0, 1))
+	amqpBackend().InjectRaw(t, n, copyTok)
+	b, err := amqpsem.Open(t.Context(), dial(t, broker.Addr, 0), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.Acquire(ctxFor(t, time.Second)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second holder of slot 0 via its copy: err = %v", err)
+	}
+	st, err := a.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tokens != 2 || len(st.Duplicate) != 1 || st.Duplicate[0] != 0 || st.Held != 1 {
+		t.Fatalf("status with a duplicate of a held slot: %+v", st)
+	}
+	if err := pa.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	pb, err := b.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("after the release: %v", err)
+	}
+	_ = pb.Release(t.Context())
+}
+
+// TestMaxHold: the client gives the permit back itself after the maximum
+// hold, before the broker's consumer_timeout would.
+func TestMaxHold(t *testing.T) {
+	n := name(t)
+	initAMQP(t, n, 1)
+	s, err := amqpsem.Open(t.Context(), dial(t, broker.Addr, 0), n, amqpsem.WithMaxHold(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, err := s.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed after the maximum hold")
+	}
+	if !errors.Is(p.Err(), tokensem.ErrLeaseLost) {
+		t.Fatalf("Err = %v", p.Err())
+	}
+	q, err := s.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("token not back after the maximum hold: %v", err)
+	}
+	_ = q.Release(t.Context())
+}
+
+// TestReconnect cuts a client's connection: its permit is reported lost at
+// once, while its waiting Acquire subscribes again on the new connection
+// and gets a permit later.
+func TestReconnect(t *testing.T) {
+	n := name(t)
+	other := initAMQP(t, n, 2)
+	px, err := faultproxy.New(broker.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	c := dial(t, px.Addr(), 0)
+	s, err := amqpsem.Open(t.Context(), c, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	held, err := s.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := other.Acquire(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		p, err := s.Acquire(ctxFor(t, 30*time.Second))
+		if err == nil {
+			err = p.Release(context.Background())
+		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the waiter subscribes
+	cut := time.Now()
+	px.Cut()
+	select {
+	case <-held.Done():
+		t.Logf("held permit reported lost %v after the cut: %v", time.Since(cut).Round(time.Millisecond), held.Err())
+	case <-time.After(5 * time.Second):
+		t.Fatal("permit on a cut connection not reported lost")
+	}
+	if !errors.Is(held.Err(), tokensem.ErrLeaseLost) {
+		t.Fatalf("Err = %v", held.Err())
+	}
+	// The cut returned the held token; the re-subscribed waiter gets it.
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiter across the reconnect: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("waiter never got a permit after the reconnect")
+	}
+	_ = blocker.Release(t.Context())
+}

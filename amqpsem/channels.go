@@ -1,0 +1,100 @@
+package amqpsem
+
+import (
+	"context"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// pooledChannel is a channel set up for waiting and holding (prefetch 1),
+// reused across acquires: opening a channel and setting its prefetch cost
+// two round trips.
+type pooledChannel struct {
+	ch     *amqp.Channel
+	sess   *session
+	closed chan struct{} // closed when the channel closes
+	mu     sync.Mutex
+	err    *amqp.Error
+}
+
+func (pc *pooledChannel) closeErr() *amqp.Error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.err
+}
+
+// maxIdleChannels bounds the channels a semaphore keeps for reuse.
+const maxIdleChannels = 32
+
+// channel returns an idle channel of the live connection, or opens one.
+func (s *Semaphore) channel(ctx context.Context) (*pooledChannel, error) {
+	s.mu.Lock()
+	for len(s.idle) > 0 {
+		pc := s.idle[len(s.idle)-1]
+		s.idle = s.idle[:len(s.idle)-1]
+		if !pc.ch.IsClosed() && !isDone(pc.sess.lost) {
+			s.mu.Unlock()
+			return pc, nil
+		}
+	}
+	s.mu.Unlock()
+	ch, sess, err := s.c.channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		_ = ch.Close()
+		return nil, errRetry{backoff: true}
+	}
+	pc := &pooledChannel{ch: ch, sess: sess, closed: make(chan struct{})}
+	notify := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		e := <-notify // amqp091 closes notify when the channel closes
+		pc.mu.Lock()
+		pc.err = e
+		pc.mu.Unlock()
+		close(pc.closed)
+	}()
+	return pc, nil
+}
+
+// putChannel returns an idle channel (no consumer, nothing unacked) to the
+// pool, or closes it when the pool is full or the semaphore closed.
+func (s *Semaphore) putChannel(pc *pooledChannel) {
+	s.mu.Lock()
+	if !s.closed && len(s.idle) < maxIdleChannels && !pc.ch.IsClosed() {
+		s.idle = append(s.idle, pc)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	_ = pc.ch.Close()
+}
+
+func (s *Semaphore) knownClaim(index int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.claims[index]
+}
+
+func (s *Semaphore) markClaim(index int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claims[index] = true
+}
+
+func (s *Semaphore) forgetClaim(index int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.claims, index)
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

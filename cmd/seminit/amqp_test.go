@@ -1,0 +1,64 @@
+package main
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// TestAMQPBrokerErrors covers the exit codes of RabbitMQ-specific failures:
+// a semaphore that does not exist, the NATS-only init flags, and refused
+// credentials (whose password must not show).
+func TestAMQPBrokerErrors(t *testing.T) {
+	amqp := amqpBroker(t)
+	missing := uniqueName(t)
+
+	password := "wrong-" + runID
+	u, err := url.Parse(amqp.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := u.User.Username()
+	if user == "" {
+		user = "guest"
+	}
+	u.User = url.UserPassword(user, password)
+	wrong := u.String()
+
+	tests := []struct {
+		name       string
+		args       []string
+		want       int
+		wantStderr string
+	}{
+		{"status not initialized", []string{"status", "--name", missing}, exitConfig, "not initialized"},
+		{"status --json not initialized", []string{"status", "--json", "--name", missing}, exitConfig, "not initialized"},
+		{"exec not initialized", []string{"exec", "--name", missing, "--wait", "5s", "--", "echo", "must not run"}, exitConfig, "not initialized"},
+		{"init --lease", []string{"init", "--name", missing, "--permits", "1", "--lease", "2s"}, exitUsage, "--lease applies to nats:// only"},
+		{"init --replicas", []string{"init", "--name", missing, "--permits", "1", "--replicas", "3"}, exitUsage, "--replicas applies to nats:// only"},
+		{"init wrong password", []string{"init", "--url", wrong, "--name", missing, "--permits", "1"}, exitNoAuth, "credentials refused"},
+		{"status wrong password", []string{"status", "--url", wrong, "--name", missing}, exitNoAuth, "credentials refused"},
+		{"exec wrong password", []string{"exec", "--url", wrong, "--name", missing, "--", "echo", "must not run"}, exitNoAuth, "credentials refused"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := amqp.seminit(t, tc.args...)
+			if r.code != tc.want {
+				t.Fatalf("seminit %q: %v\nwant exit %d", tc.args, r, tc.want)
+			}
+			if !strings.Contains(r.stderr, tc.wantStderr) {
+				t.Errorf("stderr = %q, want it to contain %q", r.stderr, tc.wantStderr)
+			}
+			if strings.Contains(r.stderr, password) {
+				t.Errorf("stderr shows the URL's password: %q", r.stderr)
+			}
+			if r.stdout != "" {
+				t.Errorf("stdout = %q, want nothing on failure", r.stdout)
+			}
+		})
+	}
+	// The refused inits must not have created the semaphore.
+	if r := amqp.seminit(t, "status", "--name", missing); r.code != exitConfig {
+		t.Fatalf("status after the refused inits: %v", r)
+	}
+}
