@@ -1,0 +1,54 @@
+// Package amqpsem implements tokensem semaphores on RabbitMQ.
+//
+// A semaphore called NAME is:
+//   - the durable queue tokensem.NAME (quorum by default, classic as an
+//     option) holding one persistent token message per permit, published
+//     with publisher confirms;
+//   - the stream queue tokensem.NAME.config holding its configuration
+//     (permits, epoch, signing-key check); any client reads the newest entry
+//     without consuming it, so Open needs only the name;
+//   - one classic claim queue tokensem.NAME.claim.I per slot that has ever
+//     been held, created on first use.
+//
+// # Protocol
+//
+// Acquire takes a ready token with basic.get, or, when none is ready,
+// consumes the token queue on a channel of its own with prefetch 1: the
+// broker pushes a returned token to a waiting consumer, so waiters are
+// served without polling. On its first delivery the waiter cancels its
+// consumer and claims the token's slot with an exclusive consumer on the
+// slot's claim queue. Holding is keeping the delivery unacked. The broker
+// refuses a second exclusive consumer (403), so a duplicated token can never
+// admit two holders of one slot: it is returned and retried after a pause.
+// Release cancels the claim, then rejects the token with requeue, which puts
+// it behind the waiters already queued.
+//
+// # Guarantees and how they hold here
+//
+// A holder's channel and claim live and die with its connection: when the
+// process dies or its connection drops, the broker requeues the token and
+// frees the claim at once (measured 2–7 ms). Conn's watchdog confirms the
+// connection every heartbeat/2 and gives up after 1.5 heartbeats of
+// silence, before RabbitMQ (which waits about two heartbeats, measured 3 s
+// for a 1 s heartbeat on 3.10.8) requeues the tokens, so a holder whose
+// process runs learns of a loss first. Fence is the quorum queue's delivery
+// count of the token plus one; it grows every time the token changes hands
+// (classic queues do not count: Fence is 0 there).
+//
+// RabbitMQ 4.x drops a quorum-queue message silently once it has been
+// returned more than the delivery limit (default 20). Init reads the server
+// version and disables the limit on 4.x; on 3.x it sets nothing, because
+// there the disabling values drop a token on its first return.
+//
+// # Limits
+//
+// RabbitMQ has no lease: a holder keeps its permit until it releases, its
+// connection drops, or the broker's consumer_timeout (30 minutes by
+// default; 3.10 checks it once a minute) closes its channel. WithMaxHold
+// (default 25 minutes) releases earlier on the client side. Status reads
+// ready tokens by taking and requeueing them, so a census makes them
+// unavailable for an instant and moves them to the back of the queue. A
+// duplicated token circulates (without admitting anyone twice) until the
+// reconciler removes it. A token is delivered to the longest-subscribed
+// waiter; a waiter that met a duplicate re-subscribes at the back.
+package amqpsem
