@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/permitstate"
 )
 
 var _ tokensem.Permit = (*Permit)(nil)
@@ -29,24 +29,14 @@ type Permit struct {
 	tok   tokensem.Token
 	fence uint64
 
-	mu     sync.Mutex
-	state  int
-	err    error
-	done   chan struct{}
+	life   *permitstate.State // held, then released or lost
 	stop   chan struct{}
 	exited chan struct{}
 }
 
-const (
-	held = iota
-	releasing
-	released
-	lost
-)
-
 func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.Token) *Permit {
 	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d),
-		done: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
+		life: permitstate.New(), stop: make(chan struct{}), exited: make(chan struct{})}
 	go p.run()
 	s.log.Debug("permit acquired", "index", tok.Index, "fence", p.fence)
 	return p
@@ -75,23 +65,14 @@ func (p *Permit) Token() tokensem.Token { return p.tok }
 func (p *Permit) Fence() uint64 { return p.fence }
 
 // Done is closed when the permit is released or lost.
-func (p *Permit) Done() <-chan struct{} { return p.done }
+func (p *Permit) Done() <-chan struct{} { return p.life.Done() }
 
-// Err is nil while held, ErrReleased after Release, and wraps
+// Err is nil while held, tokensem.ErrReleased after Release, and wraps
 // tokensem.ErrLeaseLost after a loss.
-func (p *Permit) Err() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err
-}
+func (p *Permit) Err() error { return p.life.Err() }
 
 func (p *Permit) lose(cause error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.state == held || p.state == releasing {
-		p.state = lost
-		p.err = fmt.Errorf("%w: %s: %w", tokensem.ErrLeaseLost, p.tok, cause)
-		close(p.done)
+	if p.life.Lose(p.tok, cause) {
 		p.s.unreserve(p.tok.Index)
 		p.s.log.Warn("permit lost", "index", p.tok.Index, "cause", cause)
 	}
@@ -120,22 +101,13 @@ func (p *Permit) giveBack() error {
 //
 // Errors: tokensem.ErrReleased, an error wrapping tokensem.ErrLeaseLost.
 func (p *Permit) Release(ctx context.Context) error {
-	p.mu.Lock()
-	switch p.state {
-	case released, releasing:
-		p.mu.Unlock()
-		return tokensem.ErrReleased
-	case lost:
-		err := p.err
-		p.mu.Unlock()
+	if err := p.life.BeginRelease(); err != nil {
 		return err
 	}
-	p.state = releasing
-	p.mu.Unlock()
 	close(p.stop)
 	<-p.exited
 	if err := p.Err(); err != nil {
-		return err
+		return err // lost while the watch stopped
 	}
 	if err := p.giveBack(); err != nil {
 		// The channel is gone: the broker requeued the token when it closed.
@@ -143,9 +115,5 @@ func (p *Permit) Release(ctx context.Context) error {
 		return p.Err()
 	}
 	p.s.unreserve(p.tok.Index)
-	p.mu.Lock()
-	p.state, p.err = released, tokensem.ErrReleased
-	close(p.done)
-	p.mu.Unlock()
-	return nil
+	return p.life.Released()
 }

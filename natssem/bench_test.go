@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -39,12 +39,6 @@ func rawRTT(b *testing.B, n int) time.Duration {
 	return d[n/2]
 }
 
-func percentile(d []time.Duration, p float64) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[int(float64(len(s)-1)*p)]
-}
-
 // BenchmarkRawRequestReply is the core-NATS round trip on its own.
 func BenchmarkRawRequestReply(b *testing.B) {
 	req, resp := connect(b, srv.Addr().String()), connect(b, srv.Addr().String())
@@ -64,53 +58,32 @@ func BenchmarkRawRequestReply(b *testing.B) {
 // BenchmarkCycle is one client's Acquire+Release. It also reports the
 // median raw round trip measured in the same run and the ratio.
 func BenchmarkCycle(b *testing.B) {
-	nc := connect(b, srv.Addr().String())
-	ctx := context.Background()
-	s, err := natssem.Init(ctx, nc, "bench-cycle", 1)
+	s, err := natssem.Init(context.Background(), connect(b, srv.Addr().String()), "bench-cycle", 1)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
 	rtt := rawRTT(b, 2000)
-	var d []time.Duration
-	var acq time.Duration
-	for b.Loop() {
-		t0 := time.Now()
-		p, err := s.Acquire(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		acq += time.Since(t0)
-		if err := p.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-		d = append(d, time.Since(t0))
-	}
-	b.ReportMetric(float64(acq.Microseconds())/float64(len(d)), "acquire-µs")
-	p50 := percentile(d, 0.5)
-	b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
-	b.ReportMetric(float64(percentile(d, 0.99).Microseconds()), "p99-µs")
+	p50 := semtest.BenchCycle(b, s)
 	b.ReportMetric(float64(rtt.Microseconds()), "raw-rtt-µs")
 	b.ReportMetric(float64(p50)/float64(rtt), "p50/rtt")
 }
 
-// BenchmarkHandoff measures release → blocked waiter: the time from a
-// holder calling Release until a waiter on another connection holds the
-// permit.
+// BenchmarkHandoff measures release → a waiter blocked on another
+// connection holding the permit.
 func BenchmarkHandoff(b *testing.B) {
 	ctx := context.Background()
-	holderConn, waiterConn := connect(b, srv.Addr().String()), connect(b, srv.Addr().String())
-	a, err := natssem.Init(ctx, holderConn, "bench-handoff", 1)
+	a, err := natssem.Init(ctx, connect(b, srv.Addr().String()), "bench-handoff", 1)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer a.Close()
-	w, err := natssem.Open(ctx, waiterConn, "bench-handoff")
+	w, err := natssem.Open(ctx, connect(b, srv.Addr().String()), "bench-handoff")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer w.Close()
-	js, err := jetstream.New(holderConn)
+	js, err := jetstream.New(connect(b, srv.Addr().String()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,59 +91,12 @@ func BenchmarkHandoff(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var d []time.Duration
-	type got struct {
-		p  tokensem.Permit
-		at time.Time
-	}
-	for b.Loop() {
-		b.StopTimer()
-		held, err := a.Acquire(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ch := make(chan got, 1)
-		go func() {
-			p, err := w.Acquire(ctx)
-			if err != nil {
-				b.Error(err)
-			}
-			ch <- got{p, time.Now()}
-		}()
-		waitQueued(b, consumer, 1)
-		b.StartTimer()
-		t0 := time.Now()
-		if err := held.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-		g := <-ch
-		d = append(d, g.at.Sub(t0))
-		b.StopTimer()
-		if g.p != nil {
-			_ = g.p.Release(ctx)
-		}
-		b.StartTimer()
-	}
-	b.ReportMetric(float64(percentile(d, 0.5).Microseconds()), "p50-µs")
-	b.ReportMetric(float64(percentile(d, 0.99).Microseconds()), "p99-µs")
-}
-
-// waitQueued polls the consumer until n pull requests wait. It reads only
-// consumer info: a full Status would create and delete a KV watcher, work
-// the server would still be finishing inside the timed section.
-func waitQueued(b *testing.B, c jetstream.Consumer, n int) {
-	b.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		info, err := c.Info(context.Background())
-		if err != nil {
-			b.Fatal(err)
-		}
-		if info.NumWaiting >= n {
-			return
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
-	b.Fatal("waiter never queued")
+	// Consumer info only: a Status census would create and delete a KV
+	// watcher, work the server would still be doing in the timed section.
+	semtest.BenchHandoff(b, a, w, func() bool {
+		info, err := consumer.Info(ctx)
+		return err == nil && info.NumWaiting >= 1
+	})
 }
 
 // BenchmarkPrimitives measures, in one run, the broker operations a cycle
@@ -227,7 +153,7 @@ func BenchmarkPrimitives(b *testing.B) {
 		t2 := time.Now()
 		cas, pull = append(cas, t1.Sub(t0)), append(pull, t2.Sub(t1))
 	}
-	c50, p50 := percentile(cas, 0.5), percentile(pull, 0.5)
+	c50, p50 := semtest.Percentile(cas, 0.5), semtest.Percentile(pull, 0.5)
 	b.ReportMetric(float64(rtt.Microseconds()), "raw-rtt-µs")
 	b.ReportMetric(float64(c50.Microseconds()), "cas-p50-µs")
 	b.ReportMetric(float64(p50.Microseconds()), "nak+pull-p50-µs")

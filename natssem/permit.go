@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/permitstate"
 )
 
 var _ tokensem.Permit = (*Permit)(nil)
@@ -36,25 +37,15 @@ type Permit struct {
 	fence     uint64
 	lease     time.Duration
 
+	life *permitstate.State // held, then released or lost
+
 	mu       sync.Mutex
 	rev      uint64
 	deadline time.Time
-	state    permitState
-	err      error
-	done     chan struct{}
 	ctx      context.Context // cancelled when Release stops the renewals
 	stop     context.CancelFunc
 	exited   chan struct{}
 }
-
-type permitState int
-
-const (
-	held permitState = iota
-	releasing
-	released
-	lost
-)
 
 // won describes a delivery whose slot record this client just wrote.
 type won struct {
@@ -73,7 +64,7 @@ func (s *Semaphore) newPermit(w won) *Permit {
 	p := &Permit{
 		s: s, tok: w.tok, reply: w.reply, seq: w.seq, delivered: w.delivered, holder: w.holder, rec: w.rec,
 		fence: w.rev, lease: w.lease, rev: w.rev, deadline: w.sent.Add(w.lease - w.lease/5),
-		done: make(chan struct{}), exited: make(chan struct{}),
+		life: permitstate.New(), exited: make(chan struct{}),
 	}
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	s.log.Debug("permit acquired", "index", w.tok.Index, "fence", w.rev)
@@ -81,23 +72,19 @@ func (s *Semaphore) newPermit(w won) *Permit {
 	return p
 }
 
+// Done is closed when the permit is released or lost.
+func (p *Permit) Done() <-chan struct{} { return p.life.Done() }
+
+// Err is nil while held, tokensem.ErrReleased after Release, and wraps
+// tokensem.ErrLeaseLost with its cause after a loss.
+func (p *Permit) Err() error { return p.life.Err() }
+
 // Token returns the held token.
 func (p *Permit) Token() tokensem.Token { return p.tok }
 
 // Fence returns the KV revision of the write that acquired the slot; it
 // grows every time the slot changes hands.
 func (p *Permit) Fence() uint64 { return p.fence }
-
-// Done is closed when the permit is released or lost.
-func (p *Permit) Done() <-chan struct{} { return p.done }
-
-// Err is nil while held, ErrReleased after Release, and wraps
-// tokensem.ErrLeaseLost with its cause after a loss.
-func (p *Permit) Err() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err
-}
 
 // Deadline returns the local time after which the permit is lost unless a
 // renewal succeeds first.
@@ -197,12 +184,7 @@ func (p *Permit) setRev(rev uint64) {
 }
 
 func (p *Permit) lose(cause error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.state == held || p.state == releasing {
-		p.state = lost
-		p.err = fmt.Errorf("%w: %s: %w", tokensem.ErrLeaseLost, p.tok, cause)
-		close(p.done)
+	if p.life.Lose(p.tok, cause) {
 		p.s.log.Warn("permit lost", "index", p.tok.Index, "fence", p.fence, "cause", cause)
 	}
 }
@@ -217,30 +199,15 @@ func (p *Permit) lose(cause error) {
 // tokensem.ErrLeaseLost, or a broker error (the permit is then given up and
 // its token returns to the semaphore within one lease).
 func (p *Permit) Release(ctx context.Context) error {
-	p.mu.Lock()
-	switch p.state {
-	case released, releasing:
-		p.mu.Unlock()
-		return tokensem.ErrReleased
-	case lost:
-		err := p.err
-		p.mu.Unlock()
+	if err := p.life.BeginRelease(); err != nil {
 		return err
 	}
-	p.state = releasing
-	p.mu.Unlock()
 	p.stop()
 	<-p.exited
-
-	p.mu.Lock()
-	if p.state == lost {
-		err := p.err
-		p.mu.Unlock()
-		return err
+	if err := p.Err(); err != nil {
+		return err // lost while the renewals stopped
 	}
-	expired := time.Now().After(p.deadline)
-	p.mu.Unlock()
-	if expired {
+	if time.Now().After(p.Deadline()) {
 		p.lose(errLeaseExpired)
 		return p.Err()
 	}
@@ -260,10 +227,6 @@ func (p *Permit) Release(ctx context.Context) error {
 	if err := p.s.returned.nak(p.reply); err != nil {
 		p.s.log.Warn("released, but the token's hand-back failed; it returns after the lease", "err", err)
 	}
-	p.mu.Lock()
-	p.state, p.err = released, tokensem.ErrReleased
-	close(p.done)
-	p.mu.Unlock()
 	p.s.log.Debug("permit released", "index", p.tok.Index)
-	return nil
+	return p.life.Released()
 }

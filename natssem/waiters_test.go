@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/natssem"
 )
@@ -28,7 +26,7 @@ func TestTooManyWaiters(t *testing.T) {
 		c := openNATS(t, name)
 		go func() { _, err := c.Acquire(ctx); errs <- err }()
 	}
-	cons := consumerOf(t, name)
+	cons := rawConsumer(t, name)
 	waitFor(t, "two waiters", func() bool {
 		info, err := cons.Info(t.Context())
 		return err == nil && info.NumWaiting == 2
@@ -90,19 +88,6 @@ func TestWaiterOutlivesPullExpiry(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("waiter never got the permit after its pull expired")
 	}
-}
-
-func consumerOf(t *testing.T, name string) jetstream.Consumer {
-	t.Helper()
-	js, err := jetstream.New(connect(t, srv.Addr().String()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := js.Consumer(t.Context(), natssem.StreamName(name), "holders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

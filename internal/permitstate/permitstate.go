@@ -1,0 +1,84 @@
+// Package permitstate is the life cycle every backend's permit shares:
+// held, then released or lost, exactly once, with a Done channel that is
+// always closed and an Err that says which.
+package permitstate
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/tokensem/tokensem"
+)
+
+type phase int
+
+const (
+	held phase = iota
+	releasing
+	released
+	lost
+)
+
+// State is a permit's life cycle. The zero State is not usable; use New.
+type State struct {
+	mu    sync.Mutex
+	phase phase
+	err   error
+	done  chan struct{}
+}
+
+// New returns the state of a freshly held permit.
+func New() *State { return &State{done: make(chan struct{})} }
+
+// Done is closed once the permit is released or lost.
+func (s *State) Done() <-chan struct{} { return s.done }
+
+// Err is nil while held, tokensem.ErrReleased after a release, and an error
+// wrapping tokensem.ErrLeaseLost after a loss.
+func (s *State) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// BeginRelease starts a release. It fails with tokensem.ErrReleased when a
+// release already started, and with the loss when the permit was lost.
+func (s *State) BeginRelease() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.phase {
+	case releasing, released:
+		return tokensem.ErrReleased
+	case lost:
+		return s.err
+	}
+	s.phase = releasing
+	return nil
+}
+
+// Lose records a loss of what (the token) for cause, unless the permit was
+// released already. It reports whether this call recorded the loss.
+func (s *State) Lose(what fmt.Stringer, cause error) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.phase != held && s.phase != releasing {
+		return false
+	}
+	s.phase = lost
+	s.err = fmt.Errorf("%w: %s: %w", tokensem.ErrLeaseLost, what, cause)
+	close(s.done)
+	return true
+}
+
+// Released completes a release begun by BeginRelease. It returns the loss
+// instead if the permit was lost meanwhile.
+func (s *State) Released() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.phase == lost {
+		return s.err
+	}
+	s.phase, s.err = released, tokensem.ErrReleased
+	close(s.done)
+	return nil
+}

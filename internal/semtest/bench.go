@@ -1,0 +1,92 @@
+package semtest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Percentile returns the p-quantile (0..1) of d.
+func Percentile(d []time.Duration, p float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[int(float64(len(s)-1)*p)]
+}
+
+// BenchCycle measures one client's Acquire+Release on s, the same way for
+// every backend. It reports p50-µs, p99-µs and acquire-µs (mean) and returns
+// the p50.
+func BenchCycle(b *testing.B, s tokensem.Semaphore) time.Duration {
+	ctx := context.Background()
+	var d []time.Duration
+	var acq time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		p, err := s.Acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		acq += time.Since(t0)
+		if err := p.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		d = append(d, time.Since(t0))
+	}
+	p50 := Percentile(d, 0.5)
+	b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
+	b.ReportMetric(float64(Percentile(d, 0.99).Microseconds()), "p99-µs")
+	b.ReportMetric(float64(acq.Microseconds())/float64(len(d)), "acquire-µs")
+	return p50
+}
+
+// BenchHandoff measures release → blocked waiter: holder holds the only
+// permit, waiter (another connection) waits until queued reports the
+// broker counts it, and the time runs from the holder's Release call to the
+// waiter holding the permit. queued must be cheap and must not disturb the
+// semaphore (no Status census).
+func BenchHandoff(b *testing.B, holder, waiter tokensem.Semaphore, queued func() bool) {
+	ctx := context.Background()
+	type got struct {
+		p  tokensem.Permit
+		at time.Time
+	}
+	var d []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		held, err := holder.Acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ch := make(chan got, 1)
+		go func() {
+			p, err := waiter.Acquire(ctx)
+			if err != nil {
+				b.Error(err)
+			}
+			ch <- got{p, time.Now()}
+		}()
+		for deadline := time.Now().Add(10 * time.Second); !queued(); {
+			if time.Now().After(deadline) {
+				b.Fatal("waiter never queued")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		if err := held.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		g := <-ch
+		d = append(d, g.at.Sub(t0))
+		b.StopTimer()
+		if g.p != nil {
+			_ = g.p.Release(ctx)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(Percentile(d, 0.5).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(Percentile(d, 0.99).Microseconds()), "p99-µs")
+}
