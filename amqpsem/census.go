@@ -61,6 +61,12 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 	}
 	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].Index < st.Holders[j].Index })
 	st.Held = len(held)
+	if cfg.QueueType == Quorum {
+		// A quorum queue counts as a consumer everyone holding an unacked
+		// token of it (basic.get or a cancelled consumer alike): measured on
+		// 3.10.8. Each holder holds exactly one.
+		st.Waiting = max(0, waiting-len(held))
+	}
 	st.Tokens = len(ready) + len(held)
 	for i := 0; i < cfg.Permits; i++ {
 		switch n := count[i]; {

@@ -4,17 +4,18 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestAMQPBrokerErrors covers the exit codes of RabbitMQ-specific failures:
 // a semaphore that does not exist, the NATS-only init flags, and refused
 // credentials (whose password must not show).
 func TestAMQPBrokerErrors(t *testing.T) {
-	amqp := amqpBroker(t)
+	rabbit := amqpBroker(t)
 	missing := uniqueName(t)
 
 	password := "wrong-" + runID
-	u, err := url.Parse(amqp.url)
+	u, err := url.Parse(rabbit.url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,9 +41,14 @@ func TestAMQPBrokerErrors(t *testing.T) {
 		{"status wrong password", []string{"status", "--url", wrong, "--name", missing}, exitNoAuth, "credentials refused"},
 		{"exec wrong password", []string{"exec", "--url", wrong, "--name", missing, "--", "echo", "must not run"}, exitNoAuth, "credentials refused"},
 	}
-	for _, tc := range tests {
+	// All at once: RabbitMQ answers refused credentials only after 3s.
+	procs := make([]*proc, len(tests))
+	for i, tc := range tests {
+		procs[i] = startSeminit(t, rabbit.env(), tc.args...)
+	}
+	for i, tc := range tests {
+		r := procs[i].wait(60 * time.Second)
 		t.Run(tc.name, func(t *testing.T) {
-			r := amqp.seminit(t, tc.args...)
 			if r.code != tc.want {
 				t.Fatalf("seminit %q: %v\nwant exit %d", tc.args, r, tc.want)
 			}
@@ -58,7 +64,7 @@ func TestAMQPBrokerErrors(t *testing.T) {
 		})
 	}
 	// The refused inits must not have created the semaphore.
-	if r := amqp.seminit(t, "status", "--name", missing); r.code != exitConfig {
+	if r := rabbit.seminit(t, "status", "--name", missing); r.code != exitConfig {
 		t.Fatalf("status after the refused inits: %v", r)
 	}
 }

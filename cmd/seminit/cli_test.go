@@ -270,9 +270,10 @@ func testExecEnv(t *testing.T, b broker) {
 	}
 }
 
-// holder starts `seminit exec` on the broker's name running a shell that prints its pid
-// and then becomes `sleep secs`; it returns once the child runs, with the
-// child's pid (also its process group id). The cleanup kills the group.
+// holder starts `seminit exec` on name on the broker, running a shell that
+// prints its pid and then becomes `sleep secs`; it returns once the child
+// runs, with the child's pid (also its process group id). The cleanup kills
+// the group.
 func (b broker) holder(t *testing.T, name string, secs int, extra ...string) (*proc, int) {
 	t.Helper()
 	args := append([]string{"exec", "--name", name}, extra...)
@@ -362,6 +363,9 @@ func testExecInterruptedWaiting(t *testing.T, b broker) {
 	name := uniqueName(t)
 	b.mustInit(t, name, 1)
 	b.holder(t, name, 30)
+	if _, st := b.statusJSON(t, name); st.Waiting != 0 {
+		t.Fatalf("status with one holder and nobody waiting = %+v", st)
+	}
 	w := startSeminit(t, b.env(), "exec", "--name", name, "--", "echo", "must not run")
 	eventually(t, 10*time.Second, "second exec waiting", func() bool {
 		_, st := b.statusJSON(t, name)

@@ -430,9 +430,20 @@ func (b broker) mustInit(t testing.TB, name string, permits int, extra ...string
 	}
 }
 
-// alive reports whether a process (or process group, for pid < 0) exists.
+// alive reports whether process pid exists and is not a zombie: an orphan
+// (the child of a killed seminit exec) stays a zombie until init reaps it,
+// which here can take a second or two.
 func alive(pid int) bool {
-	return syscall.Kill(pid, 0) == nil
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	// "pid (comm) state ...", where comm may itself hold ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }
 
 // eventually polls cond every 20ms until it holds or d passes.

@@ -42,14 +42,7 @@ func Start(ctx context.Context) (*Broker, error) {
 	if raw := os.Getenv("RABBITMQ_URL"); raw != "" {
 		return fromURL(raw, nil)
 	}
-	p, err := testcontainers.NewDockerProvider()
-	if err != nil {
-		return nil, fmt.Errorf("%w (%v)", ErrNoBroker, err)
-	}
-	defer p.Close()
-	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := p.Health(hctx); err != nil {
+	if err := dockerHealthy(ctx); err != nil {
 		return nil, fmt.Errorf("%w (docker: %v)", ErrNoBroker, err)
 	}
 	c, err := rabbitmq.Run(ctx, Image)
@@ -62,6 +55,25 @@ func Start(ctx context.Context) (*Broker, error) {
 		return nil, err
 	}
 	return fromURL(raw, func() { _ = testcontainers.TerminateContainer(c) })
+}
+
+// dockerHealthy reports whether a Docker engine answers. testcontainers-go
+// panics ("rootless Docker not found") on machines with no engine at all,
+// so the probe recovers.
+func dockerHealthy(ctx context.Context) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("no Docker engine: %v", r)
+		}
+	}()
+	p, err := testcontainers.NewDockerProvider()
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return p.Health(hctx)
 }
 
 func fromURL(raw string, stop func()) (*Broker, error) {

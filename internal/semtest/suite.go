@@ -146,8 +146,8 @@ func testInitOpenStatus(t *testing.T, b Backend) {
 		t.Fatalf("status names no broker resource: %+v", st)
 	}
 	p := mustAcquire(t, s, 5*time.Second)
-	if st := status(t, s); st.Held != 1 || st.Available != 2 || !st.Healthy {
-		t.Fatalf("status with one holder = %+v", st)
+	if st := status(t, s); st.Held != 1 || st.Available != 2 || st.Waiting != 0 || !st.Healthy {
+		t.Fatalf("status with one holder and nobody waiting = %+v", st)
 	}
 	mustRelease(t, p)
 	eventually(t, 5*time.Second, "permit back", func() bool { st := status(t, s); return st.Available == 3 && st.Held == 0 })
