@@ -20,5 +20,15 @@ if ! rabbitmqctl -q status >/dev/null 2>&1; then
 	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
 	rabbitmq-server -detached >&2
 fi
-rabbitmqctl -q await_startup --timeout 120 >&2
-echo "$url"
+# -detached returns before the node registers with epmd, and await_startup
+# fails at once for a node that is not running yet: poll.
+for _ in $(seq 1 120); do
+	if rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; then
+		echo "$url"
+		exit 0
+	fi
+	sleep 1
+done
+echo "rabbitmq-server did not start within 2 minutes" >&2
+rabbitmqctl status >&2 || true
+exit 1
