@@ -271,17 +271,30 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 	}
 }
 
-// channel opens a channel on the live connection.
+// channel opens a channel on the live connection. A connection that has
+// just died may still look current until its supervisor notices: opening a
+// channel on it waits for the next connection instead of failing.
 func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
-	s, err := c.session(ctx)
-	if err != nil {
-		return nil, nil, err
+	for {
+		s, err := c.session(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		ch, err := s.conn.Channel()
+		if err == nil {
+			return ch, s, nil
+		}
+		if !s.conn.IsClosed() && !errors.Is(err, amqp.ErrClosed) {
+			return nil, nil, fmt.Errorf("amqpsem: open channel: %w", err)
+		}
+		select {
+		case <-s.lost:
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("amqpsem: waiting for the connection to come back: %w", ctx.Err())
+		case <-c.done:
+			return nil, nil, tokensem.ErrClosed
+		}
 	}
-	ch, err := s.conn.Channel()
-	if err != nil {
-		return nil, nil, fmt.Errorf("amqpsem: open channel: %w", err)
-	}
-	return ch, s, nil
 }
 
 // ServerVersion returns the broker's version as it announced it.
