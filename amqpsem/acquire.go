@@ -70,10 +70,22 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 		}
 		// A ready token means nobody waits (the broker hands tokens to
 		// waiting consumers first), so taking it with basic.get jumps no
-		// queue and is cheaper than subscribing.
-		p, err := s.get(ctx, pc)
-		if !noWait && errors.Is(err, tokensem.ErrNoPermit) {
-			p, err = s.wait(ctx, pc)
+		// queue and is cheaper than subscribing. If ctx ends mid-call the
+		// channel is closed, which requeues anything it was given.
+		var p *Permit
+		err = rpc(ctx, pc.ch, func() error {
+			var err error
+			p, err = s.get(ctx, pc)
+			if !noWait && errors.Is(err, tokensem.ErrNoPermit) {
+				p, err = s.wait(ctx, pc)
+			}
+			return err
+		})
+		if errors.Is(err, errAborted) {
+			if p != nil {
+				p.lose(err) // its channel is closed: the token went back
+			}
+			return nil, ctx.Err()
 		}
 		if p != nil {
 			return p, nil

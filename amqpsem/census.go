@@ -88,28 +88,28 @@ func (s *Semaphore) readReady(ctx context.Context) ([][]byte, int, error) {
 		return nil, 0, err
 	}
 	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil)
+	var q amqp.Queue
+	var bodies [][]byte
+	var last uint64
+	err = rpc(ctx, ch, func() error {
+		var err error
+		if q, err = ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil); err != nil {
+			return err
+		}
+		for {
+			d, ok, err := ch.Get(QueueName(s.name), false)
+			if err != nil || !ok {
+				return err
+			}
+			bodies = append(bodies, d.Body)
+			last = d.DeliveryTag
+		}
+	})
 	if err != nil {
 		if isCode(err, amqp.NotFound) {
 			return nil, 0, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
 		}
 		return nil, 0, fmt.Errorf("amqpsem: census: %w", err)
-	}
-	var bodies [][]byte
-	var last uint64
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, 0, err
-		}
-		d, ok, err := ch.Get(QueueName(s.name), false)
-		if err != nil {
-			return nil, 0, fmt.Errorf("amqpsem: census: %w", err)
-		}
-		if !ok {
-			break
-		}
-		bodies = append(bodies, d.Body)
-		last = d.DeliveryTag
 	}
 	if last != 0 {
 		if err := ch.Nack(last, true, true); err != nil {
@@ -135,7 +135,11 @@ func (s *Semaphore) readClaims(ctx context.Context, permits int) ([]int, error) 
 				return nil, err
 			}
 		}
-		q, err := ch.QueueDeclarePassive(claimQueue(s.name, i), false, false, false, false, nil)
+		var q amqp.Queue
+		err := rpc(ctx, ch, func() (err error) {
+			q, err = ch.QueueDeclarePassive(claimQueue(s.name, i), false, false, false, false, nil)
+			return err
+		})
 		switch {
 		case err == nil:
 			if q.Consumers > 0 {

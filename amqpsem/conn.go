@@ -27,6 +27,9 @@ var ErrUnreachable = errors.New("amqpsem: broker unreachable")
 // watchdog gives up on the connection before that (see Conn).
 const DefaultHeartbeat = 5 * time.Second
 
+// handshakeTimeout bounds connecting and the AMQP handshake.
+const handshakeTimeout = 10 * time.Second
+
 // Conn is one shared connection to RabbitMQ for all the semaphores of a
 // process. It reconnects with backoff when the connection drops; permits
 // held on a dropped connection are reported lost at once (the broker
@@ -121,6 +124,17 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 		Dial: func(network, addr string) (net.Conn, error) {
 			conn, err := dialer.DialContext(ctx, network, addr)
 			if err != nil {
+				return nil, err
+			}
+			// Bound the TLS and AMQP handshake, as amqp091's own dialer
+			// does (it clears the deadline once the connection is open): a
+			// broker that accepts TCP but never answers must not hang Dial.
+			deadline := time.Now().Add(handshakeTimeout)
+			if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+				deadline = dl
+			}
+			if err := conn.SetDeadline(deadline); err != nil {
+				_ = conn.Close()
 				return nil, err
 			}
 			s.sock = conn

@@ -2,7 +2,6 @@ package amqpsem
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,20 +33,6 @@ type Semaphore struct {
 	closed bool
 	done   chan struct{}
 }
-
-// config is the semaphore's definition, appended to the config stream
-// queue; the entry with the highest Seq is current.
-type config struct {
-	Version   int    `json:"v"`
-	Seq       int    `json:"seq"`
-	Permits   int    `json:"permits"`
-	Epoch     uint64 `json:"epoch"`
-	KeyCheck  string `json:"key_check,omitempty"`
-	QueueType string `json:"queue_type"`
-	Created   int64  `json:"created_unix_ms"`
-}
-
-const configVersion = 1
 
 // Init creates semaphore name with permits tokens, or opens it if it already
 // exists with the same number of permits. It is idempotent and safe to run
@@ -159,7 +144,12 @@ func (s *Semaphore) lock(ctx context.Context) (func(), error) {
 		if err != nil {
 			return nil, err
 		}
-		_, err = ch.QueueDeclare(lockQueue(s.name), false, false, true, false, nil)
+		rctx, cancel := s.rtt(ctx)
+		err = rpc(rctx, ch, func() error {
+			_, err := ch.QueueDeclare(lockQueue(s.name), false, false, true, false, nil)
+			return err
+		})
+		cancel()
 		if err == nil {
 			return func() {
 				_, _ = ch.QueueDelete(lockQueue(s.name), false, false, false)
@@ -167,6 +157,7 @@ func (s *Semaphore) lock(ctx context.Context) (func(), error) {
 			}, nil
 		}
 		if !isCode(err, amqp.ResourceLocked) {
+			_ = ch.Close()
 			return nil, fmt.Errorf("amqpsem: taking the creation lock of %s: %w", s.name, err)
 		}
 		select {
@@ -187,17 +178,20 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 	}
 	defer ch.Close()
 	q := QueueName(s.name)
-	if _, err := ch.QueueDeclare(q, true, false, false, false, tokenQueueArgs(s.opts.queueType, sess.version)); err != nil {
-		if isCode(err, amqp.PreconditionFailed) {
-			return config{}, fmt.Errorf("amqpsem: queue %s exists with other settings: %w", q, err)
+	err = rpc(ctx, ch, func() error {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, tokenQueueArgs(s.opts.queueType, sess.version)); err != nil {
+			if isCode(err, amqp.PreconditionFailed) {
+				return fmt.Errorf("queue %s exists with other settings: %w", q, err)
+			}
+			return err
 		}
-		return config{}, fmt.Errorf("amqpsem: declare %s: %w", q, err)
-	}
-	if _, err := ch.QueuePurge(q, false); err != nil {
-		return config{}, fmt.Errorf("amqpsem: purge %s: %w", q, err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return config{}, fmt.Errorf("amqpsem: confirms: %w", err)
+		if _, err := ch.QueuePurge(q, false); err != nil {
+			return err
+		}
+		return ch.Confirm(false)
+	})
+	if err != nil {
+		return config{}, fmt.Errorf("amqpsem: create %s: %w", q, err)
 	}
 	cfg := config{Version: configVersion, Seq: 1, Permits: permits, Epoch: 1, KeyCheck: s.codec.KeyCheck(),
 		QueueType: s.opts.queueType, Created: time.Now().UnixMilli()}
@@ -222,7 +216,7 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 			return config{}, err
 		}
 	}
-	if err := s.appendConfig(ctx, ch, cfg); err != nil {
+	if err := s.writeConfig(ctx, ch, cfg); err != nil {
 		return config{}, err
 	}
 	s.log.Info("semaphore created", "permits", permits, "queue_type", cfg.QueueType, "server", sess.version)
@@ -240,95 +234,6 @@ func waitConfirms(ctx context.Context, pending []*amqp.DeferredConfirmation) err
 		}
 	}
 	return nil
-}
-
-var streamArgs = amqp.Table{"x-queue-type": "stream"}
-
-// appendConfig adds cfg to the config stream (created if needed) and waits
-// for the broker's confirm. ch must be in confirm mode.
-func (s *Semaphore) appendConfig(ctx context.Context, ch *amqp.Channel, cfg config) error {
-	if _, err := ch.QueueDeclare(configQueue(s.name), true, false, false, false, streamArgs); err != nil {
-		return fmt.Errorf("amqpsem: declare config stream: %w", err)
-	}
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		return err
-	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", configQueue(s.name), true, false, amqp.Publishing{
-		DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b,
-	})
-	if err != nil {
-		return fmt.Errorf("amqpsem: publish config: %w", err)
-	}
-	return waitConfirms(ctx, []*amqp.DeferredConfirmation{dc})
-}
-
-// configQuiet is how long readConfig waits after the last config entry
-// arrived for more of the stream's final chunk.
-const configQuiet = 10 * time.Millisecond
-
-// readConfig reads the newest configuration from the config stream, which
-// every client can read without consuming it.
-func (s *Semaphore) readConfig(ctx context.Context) (config, error) {
-	ch, _, err := s.c.channel(ctx)
-	if err != nil {
-		return config{}, err
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, streamArgs); err != nil {
-		if isCode(err, amqp.NotFound) {
-			return config{}, fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
-		}
-		return config{}, fmt.Errorf("amqpsem: config stream of %s: %w", s.name, err)
-	}
-	if err := ch.Qos(64, 0, false); err != nil {
-		return config{}, err
-	}
-	tag := "tokensem-config-" + tokensem.NewToken(s.name, 0, 1).ID
-	// Not ConsumeWithContext: it sends basic.cancel from its own goroutine
-	// when the context ends, which can reach the broker after the channel
-	// closed, and the broker answers that with a connection error (504).
-	deliveries, err := ch.Consume(configQueue(s.name), tag, false, false, false, false,
-		amqp.Table{"x-stream-offset": "last"})
-	if err != nil {
-		return config{}, fmt.Errorf("amqpsem: read config of %s: %w", s.name, err)
-	}
-	// Cancel the stream consumer and acknowledge what it got before the
-	// channel closes.
-	var lastTag uint64
-	defer func() {
-		_ = ch.Cancel(tag, false)
-		if lastTag != 0 {
-			_ = ch.Ack(lastTag, true)
-		}
-	}()
-	var best config
-	found := false
-	first := time.NewTimer(min(s.opts.RequestTimeout, time.Second))
-	defer first.Stop()
-	var quiet <-chan time.Time
-	for {
-		select {
-		case d, ok := <-deliveries:
-			if !ok {
-				return config{}, fmt.Errorf("amqpsem: config stream of %s closed while reading", s.name)
-			}
-			lastTag = d.DeliveryTag
-			var c config
-			if err := json.Unmarshal(d.Body, &c); err == nil && c.Version == configVersion && c.Permits > 0 && c.Seq >= best.Seq {
-				best, found = c, true
-			}
-			quiet = time.After(configQuiet)
-		case <-quiet:
-			return best, nil
-		case <-first.C:
-			if !found {
-				return config{}, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
-			}
-		case <-ctx.Done():
-			return config{}, ctx.Err()
-		}
-	}
 }
 
 // Name returns the semaphore's name.

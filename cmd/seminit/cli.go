@@ -75,6 +75,10 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.keyFile, "key-file", "", "token signing key file")
 }
 
+// opTimeout bounds a whole non-waiting operation (init, status, open): a
+// broker that stops answering ends in an error, not a hang.
+func (g *globals) opTimeout() time.Duration { return 6 * g.timeout }
+
 // key returns the signing key from --key-file or $TOKENSEM_KEY, if any.
 func (g *globals) key() ([]byte, error) {
 	if g.keyFile != "" {

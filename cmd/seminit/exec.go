@@ -49,7 +49,9 @@ func runExec(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer b.close()
-	s, err := b.open(ctx, *name, semOptions{key: key, timeout: g.timeout})
+	octx, cancel := context.WithTimeout(ctx, g.opTimeout())
+	s, err := b.open(octx, *name, semOptions{key: key, timeout: g.timeout})
+	cancel()
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,8 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, g.opTimeout())
+	defer cancel()
 	b, err := connect(ctx, &g)
 	if err != nil {
 		return err
