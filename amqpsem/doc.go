@@ -4,9 +4,10 @@
 //   - the durable queue tokensem.NAME (quorum by default, classic as an
 //     option) holding one persistent token message per permit, published
 //     with publisher confirms;
-//   - the stream queue tokensem.NAME.config holding its configuration
-//     (permits, epoch, signing-key check); any client reads the newest entry
-//     without consuming it, so Open needs only the name;
+//   - the classic queue tokensem.NAME.config holding its configuration
+//     (permits, epoch, signing-key check) as a few identical copies; any
+//     client reads one with basic.get and requeues it at once, so Open needs
+//     only the name;
 //   - one classic claim queue tokensem.NAME.claim.I per slot that has ever
 //     been held, created on first use.
 //
