@@ -40,22 +40,11 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if *wait < 0 || *hold < 0 || *lease < 0 || *killAfter <= 0 {
 		return usageErr{errors.New("--wait, --lease and --max-hold must not be negative, --kill-after must be positive")}
 	}
-	key, err := g.key()
+	s, done, err := openSemaphore(ctx, &g, *name)
 	if err != nil {
 		return err
 	}
-	b, err := connect(ctx, &g)
-	if err != nil {
-		return err
-	}
-	defer b.close()
-	octx, cancel := context.WithTimeout(ctx, g.opTimeout())
-	s, err := b.open(octx, *name, semOptions{key: key, timeout: g.timeout})
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer s.Close()
+	defer done()
 	if l, ok := s.(interface{ Lease() time.Duration }); ok && *lease != 0 && l.Lease() != *lease {
 		fmt.Fprintf(e.stderr, "seminit exec: %s has a lease of %v (set by init); --lease %v does not change it\n", *name, l.Lease(), *lease)
 	}

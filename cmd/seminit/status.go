@@ -23,21 +23,31 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	if err := requireName(*name); err != nil {
 		return err
 	}
+	s, done, err := openSemaphore(ctx, &g, *name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return printStatus(ctx, e, &g, s, "status")
+}
+
+// openSemaphore connects to the broker and opens semaphore name, bounded by
+// the operation timeout. done closes both.
+func openSemaphore(ctx context.Context, g *globals, name string) (s tokensem.Semaphore, done func(), err error) {
 	key, err := g.key()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.opTimeout())
+	octx, cancel := context.WithTimeout(ctx, g.opTimeout())
 	defer cancel()
-	b, err := connect(ctx, &g)
+	b, err := connect(octx, g)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer b.close()
-	s, err := b.open(ctx, *name, semOptions{key: key, timeout: g.timeout})
+	s, err = b.open(octx, name, semOptions{key: key, timeout: g.timeout})
 	if err != nil {
-		return err
+		b.close()
+		return nil, nil, err
 	}
-	defer s.Close()
-	return printStatus(ctx, e, &g, s, "status")
+	return s, func() { _ = s.Close(); b.close() }, nil
 }
