@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // StoredToken is one message of the token stream, read without consuming
@@ -122,70 +123,41 @@ func (s *Semaphore) readSlots(ctx context.Context) (map[int]slotState, error) {
 // Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
 // broker error.
 func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
-	if s.isClosed() {
-		return tokensem.Status{}, tokensem.ErrClosed
-	}
-	cfg, err := s.refreshConfig(ctx)
-	if err != nil {
-		return tokensem.Status{}, err
-	}
-	msgs, err := s.scanTokens(ctx)
-	if err != nil {
-		return tokensem.Status{}, err
-	}
-	slots, err := s.readSlots(ctx)
+	inv := s.Inventory()
+	c, err := inv.Census(ctx)
 	if err != nil {
 		return tokensem.Status{}, err
 	}
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	c, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
+	cons, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return tokensem.Status{}, fmt.Errorf("%w: %s has no consumer", tokensem.ErrNotInitialized, s.name)
 		}
 		return tokensem.Status{}, wrapBrokerErr(err)
 	}
-	info := c.CachedInfo()
-
+	f := reconciler.Analyze(c)
 	st := tokensem.Status{
 		Name: s.name, Backend: "nats", Stream: StreamName(s.name),
-		Permits: cfg.Permits, Epoch: cfg.Epoch, Lease: cfg.Lease,
-		Tokens: len(msgs), Waiting: info.NumWaiting,
-		Duplicate: []int{}, Missing: []int{},
+		Permits: c.Permits, Epoch: c.Epoch, Lease: inv.cfg.Lease,
+		Tokens: len(c.Entries), Waiting: cons.CachedInfo().NumWaiting, Held: len(c.HeldSlots),
+		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
+		Healthy: f.Healthy(c.Permits),
 	}
-	present := make(map[int]int, cfg.Permits)
-	for _, m := range msgs {
-		tok, err := s.codec.Decode(m.Data)
-		if err != nil || tok.Semaphore != s.name || tok.Epoch != cfg.Epoch || tok.Index >= cfg.Permits {
-			st.Invalid++
-			continue
-		}
-		present[tok.Index]++
-	}
-	for i := 0; i < cfg.Permits; i++ {
-		switch n := present[i]; {
-		case n == 0:
-			st.Missing = append(st.Missing, i)
-		case n > 1:
-			st.Duplicate = append(st.Duplicate, i)
-		}
-	}
-	heldIdx := make(map[int]bool)
-	for idx, sl := range slots {
-		if sl.rec.free() || idx >= cfg.Permits || info.TimeStamp.Sub(sl.written) >= cfg.Lease {
-			continue
-		}
-		heldIdx[idx] = true
-		st.Held++
+	heldSlot := make(map[int]bool, len(c.HeldSlots))
+	for _, idx := range c.HeldSlots {
+		heldSlot[idx] = true
+		sl := inv.slots[idx]
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx, Owner: sl.rec.Owner, Revision: sl.rev, Since: sl.written})
 	}
 	slices.SortFunc(st.Holders, func(a, b tokensem.Holder) int { return a.Index - b.Index })
-	for idx := range present {
-		if !heldIdx[idx] {
+	seen := make(map[int]bool)
+	for _, e := range c.Entries {
+		if e.Valid && !heldSlot[e.Token.Index] && !seen[e.Token.Index] {
+			seen[e.Token.Index] = true
 			st.Available++
 		}
 	}
-	st.Healthy = st.Tokens == cfg.Permits && len(st.Duplicate) == 0 && len(st.Missing) == 0 && st.Invalid == 0
 	return st, nil
 }

@@ -38,6 +38,7 @@ Usage:
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
+  seminit reconcile --name NAME [--repair] [--watch INTERVAL]   (nats:// for now)
 
 Flags common to init, status and exec:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS
@@ -47,7 +48,7 @@ Flags common to init, status and exec:
   --timeout DUR    bound on each broker round trip (default 10s)
   --key-file PATH  shared token signing key (else $TOKENSEM_KEY, else unsigned)
 
-Exit codes: 0 ok, 1 failed, 64 usage or bad input, 69 broker unreachable,
+Exit codes: 0 ok, 1 failed (reconcile: unhealthy after the run), 64 usage or bad input, 69 broker unreachable,
 70 exec: permit lost (child stopped), 75 no permit within --wait, 77 credentials
 refused, 78 not initialized or permit-count/key mismatch, 124 exec: --max-hold
 ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
@@ -111,10 +112,11 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"server": {"run an embedded NATS JetStream server", runServer},
-	"init":   {"create a semaphore (idempotent)", runInit},
-	"status": {"show a semaphore's census", runStatus},
-	"exec":   {"run a command while holding a permit", runExec},
+	"server":    {"run an embedded NATS JetStream server", runServer},
+	"init":      {"create a semaphore (idempotent)", runInit},
+	"status":    {"show a semaphore's census", runStatus},
+	"exec":      {"run a command while holding a permit", runExec},
+	"reconcile": {"recount tokens and repair duplicates, losses and junk", runReconcile},
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+// runReconcile takes a census of a semaphore and, with --repair, repairs
+// duplicates, losses and invalid tokens. It exits 0 when the semaphore is
+// healthy after the run and 1 when not. With --watch it runs every
+// INTERVAL until SIGINT/SIGTERM.
+func runReconcile(ctx context.Context, e env, args []string) error {
+	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	var g globals
+	g.register(fs)
+	name := fs.String("name", "", "semaphore name")
+	repair := fs.Bool("repair", false, "repair what the census finds (default: report only)")
+	watch := fs.Duration("watch", 0, "run every INTERVAL until interrupted")
+	if err := parse(fs, args, false); err != nil {
+		return err
+	}
+	if err := requireName(*name); err != nil {
+		return err
+	}
+	if *watch < 0 {
+		return usageErr{errors.New("--watch must not be negative")}
+	}
+	s, done, err := openSemaphore(ctx, &g, *name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	inv, ok := inventoryOf(s)
+	if !ok {
+		return usageErr{fmt.Errorf("reconcile is not available for %s yet", redact(g.url))}
+	}
+	if *watch > 0 {
+		err := reconciler.Watch(ctx, inv, *watch, *repair, func(r reconciler.Report, err error) {
+			if err != nil {
+				fmt.Fprintf(e.stderr, "seminit reconcile: %v\n", err)
+				return
+			}
+			printReport(e, &g, *name, r)
+		})
+		if ctx.Err() != nil {
+			return nil // interrupted: the normal end of a watch
+		}
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.opTimeout())
+	defer cancel()
+	r, err := reconciler.Run(rctx, inv, *repair)
+	if err != nil {
+		return classify(err)
+	}
+	printReport(e, &g, *name, r)
+	if !r.Healthy {
+		return exitCodeErr{code: exitFailure}
+	}
+	return nil
+}
+
+// inventoryOf returns the reconciler's view of s, for backends that have
+// one.
+func inventoryOf(s tokensem.Semaphore) (reconciler.Inventory, bool) {
+	switch s := s.(type) {
+	case *natssem.Semaphore:
+		return s.Inventory(), true
+	default:
+		return nil, false
+	}
+}
+
+func printReport(e env, g *globals, name string, r reconciler.Report) {
+	if g.json {
+		e.printJSON(struct {
+			Name string `json:"name"`
+			reconciler.Report
+		}{name, r})
+		return
+	}
+	fmt.Fprintf(e.stdout, "%s: %d permits, %d token messages; duplicates %v, missing %v, invalid %d; removed %d, issued %d; healthy=%v (census %v, repair %v)\n",
+		name, r.Permits, r.Tokens, r.Duplicates, r.Missing, r.Invalid, r.Removed, r.Issued, r.Healthy,
+		r.Census.Round(time.Millisecond), r.Repair.Round(time.Millisecond))
+}

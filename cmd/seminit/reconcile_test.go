@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem/natssem"
+)
+
+// TestReconcile damages a semaphore straight on the broker (a junk message
+// and a copy of a token) and checks the reconcile contract: report only
+// without --repair (exit 1 while unhealthy), repair with it (exit 0), JSON.
+func TestReconcile(t *testing.T) {
+	b := natsBroker()
+	name := uniqueName(t)
+	b.mustInit(t, name, 2)
+	if r := b.seminit(t, "reconcile", "--name", name); r.code != exitOK || !strings.Contains(r.stdout, "healthy=true") {
+		t.Fatalf("reconcile of a fresh semaphore: %v", r)
+	}
+
+	nc, err := nats.Connect(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, data := range []string{"junk", "t1." + name + ".0.1.0123456789abcdef0123456789abcdef."} {
+		if _, err := js.Publish(context.Background(), natssem.Subject(name), []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := b.seminit(t, "reconcile", "--name", name, "--json")
+	if r.code != exitFailure {
+		t.Fatalf("reconcile of a damaged semaphore without --repair: %v, want exit 1", r)
+	}
+	var rep struct {
+		Name       string `json:"name"`
+		Tokens     int    `json:"tokens"`
+		Duplicates []int  `json:"duplicates"`
+		Invalid    int    `json:"invalid"`
+		Removed    int    `json:"removed"`
+		Healthy    bool   `json:"healthy"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("reconcile --json: %v\n%s", err, r.stdout)
+	}
+	if rep.Name != name || rep.Tokens != 4 || len(rep.Duplicates) != 1 || rep.Invalid != 1 || rep.Removed != 0 || rep.Healthy {
+		t.Fatalf("report = %+v", rep)
+	}
+	if r := b.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK || !strings.Contains(r.stdout, "removed 2") {
+		t.Fatalf("reconcile --repair: %v", r)
+	}
+	if _, st := b.statusJSON(t, name); st.Tokens != 2 || !st.Healthy {
+		t.Fatalf("status after the repair: %+v", st)
+	}
+}

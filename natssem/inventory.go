@@ -1,0 +1,140 @@
+package natssem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+var _ reconciler.Inventory = (*Inventory)(nil)
+
+// Inventory is the reconciler's view of a NATS semaphore: a census of every
+// token message (held ones included, read by direct get) and of the slot
+// lease records.
+type Inventory struct {
+	s *Semaphore
+
+	mu    sync.Mutex
+	slots map[int]slotState // slot records as of the latest Census
+	now   time.Time         // server time of the latest Census
+	cfg   config
+}
+
+// Inventory returns the semaphore's inventory for the reconciler.
+func (s *Semaphore) Inventory() *Inventory { return &Inventory{s: s} }
+
+// Census reads the configuration, every token message and every slot
+// record.
+func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
+	s := inv.s
+	if s.isClosed() {
+		return reconciler.Census{}, tokensem.ErrClosed
+	}
+	cfg, err := s.refreshConfig(ctx)
+	if err != nil {
+		return reconciler.Census{}, err
+	}
+	msgs, err := s.scanTokens(ctx)
+	if err != nil {
+		return reconciler.Census{}, err
+	}
+	slots, err := s.readSlots(ctx)
+	if err != nil {
+		return reconciler.Census{}, err
+	}
+	now, err := s.serverNow(ctx)
+	if err != nil {
+		return reconciler.Census{}, err
+	}
+	live := func(idx int) (slotState, bool) {
+		sl, ok := slots[idx]
+		return sl, ok && !sl.rec.free() && idx < cfg.Permits && now.Sub(sl.written) < cfg.Lease
+	}
+	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, Entries: make([]reconciler.Entry, 0, len(msgs))}
+	for _, m := range msgs {
+		e := reconciler.Entry{Ref: strconv.FormatUint(m.Seq, 10)}
+		tok, err := s.codec.Decode(m.Data)
+		switch {
+		case errors.Is(err, tokensem.ErrForgedToken):
+			e.Reason = "forged"
+		case err != nil:
+			e.Reason = "junk"
+		case tok.Semaphore != s.name:
+			e.Token, e.Reason = tok, "foreign"
+		case tok.Epoch != cfg.Epoch || tok.Index >= cfg.Permits:
+			e.Token, e.Reason = tok, "retired"
+		default:
+			e.Token, e.Valid = tok, true
+			sl, held := live(tok.Index)
+			e.Held = held && sl.rec.Seq == m.Seq
+		}
+		c.Entries = append(c.Entries, e)
+	}
+	for idx := range slots {
+		if _, held := live(idx); held {
+			c.HeldSlots = append(c.HeldSlots, idx)
+		}
+	}
+	inv.mu.Lock()
+	inv.slots, inv.now, inv.cfg = slots, now, cfg
+	inv.mu.Unlock()
+	return c, nil
+}
+
+// Remove deletes one token message by its stream sequence.
+func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
+	seq, err := strconv.ParseUint(e.Ref, 10, 64)
+	if err != nil {
+		return fmt.Errorf("natssem: bad message reference %q", e.Ref)
+	}
+	rctx, cancel := inv.s.rtt(ctx)
+	defer cancel()
+	if err := inv.s.stream.DeleteMsg(rctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return wrapBrokerErr(err)
+	}
+	return nil
+}
+
+// Issue publishes a new token for index. It first rewrites the slot's lease
+// record as free by compare-and-set at the revision the latest Census saw:
+// if anyone touched the slot since (another reconciler issuing it, a holder
+// appearing), that fails and Issue returns reconciler.ErrConflict.
+func (inv *Inventory) Issue(ctx context.Context, index int) error {
+	inv.mu.Lock()
+	sl, cfg := inv.slots[index], inv.cfg
+	inv.mu.Unlock()
+	s := inv.s
+	if cfg.Permits == 0 {
+		return errors.New("natssem: Issue before Census")
+	}
+	if index < 0 || index >= cfg.Permits {
+		return fmt.Errorf("natssem: slot %d outside [0, %d)", index, cfg.Permits)
+	}
+	mark := record{By: "reconciler"}
+	if _, err := s.cas(ctx, index, mark, sl.rev, 0); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return reconciler.ErrConflict
+		}
+		return err
+	}
+	tok := tokensem.NewToken(s.name, index, cfg.Epoch)
+	b, err := s.codec.Encode(tok)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	if _, err := s.js.Publish(rctx, Subject(s.name), b, jetstream.WithMsgID("reissue."+tok.ID)); err != nil {
+		return wrapBrokerErr(err)
+	}
+	s.log.Info("issued a token for a missing slot", "index", index)
+	return nil
+}

@@ -1,0 +1,78 @@
+package reconciler
+
+import (
+	"slices"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Entry is one token message found by a census.
+type Entry struct {
+	Ref    string         // the backend's handle for Remove (NATS: stream sequence)
+	Token  tokensem.Token // parsed token; zero when Valid is false and it did not parse
+	Valid  bool           // a current token of this semaphore: parses, verifies, index < permits, current epoch
+	Reason string         // why it is not valid: "junk", "forged", "foreign", "retired"
+	Held   bool           // a live holder holds this very message
+}
+
+// Census is what an Inventory found at one moment.
+type Census struct {
+	Permits int
+	Epoch   uint64
+	Entries []Entry
+	// HeldSlots lists the slots a live holder holds, from the backend's
+	// holder records, whether or not their token message was found. A held
+	// slot is never proven absent.
+	HeldSlots []int
+}
+
+// Findings classify a census.
+type Findings struct {
+	Valid      int             // valid token messages
+	Duplicates map[int][]Entry // index -> its valid messages, where more than one
+	Missing    []int           // indices with no valid message and no live holder
+	Invalid    []Entry         // junk, forged, foreign or retired messages
+}
+
+// Healthy reports whether the census found exactly one valid token per slot
+// and nothing else.
+func (f Findings) Healthy(permits int) bool {
+	return f.Valid == permits && len(f.Duplicates) == 0 && len(f.Missing) == 0 && len(f.Invalid) == 0
+}
+
+// DuplicateIndices returns the duplicated indices in order.
+func (f Findings) DuplicateIndices() []int {
+	out := make([]int, 0, len(f.Duplicates))
+	for i := range f.Duplicates {
+		out = append(out, i)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Analyze classifies a census.
+func Analyze(c Census) Findings {
+	f := Findings{Duplicates: map[int][]Entry{}}
+	byIndex := make(map[int][]Entry, c.Permits)
+	for _, e := range c.Entries {
+		if !e.Valid {
+			f.Invalid = append(f.Invalid, e)
+			continue
+		}
+		f.Valid++
+		byIndex[e.Token.Index] = append(byIndex[e.Token.Index], e)
+	}
+	held := make(map[int]bool, len(c.HeldSlots))
+	for _, i := range c.HeldSlots {
+		held[i] = true
+	}
+	for i := 0; i < c.Permits; i++ {
+		switch es := byIndex[i]; {
+		case len(es) == 0 && !held[i]:
+			f.Missing = append(f.Missing, i)
+		case len(es) > 1:
+			f.Duplicates[i] = es
+		}
+	}
+	return f
+}

@@ -1,0 +1,149 @@
+// Package reconciler recounts a semaphore's tokens and repairs what
+// brokers, operators and crashes do to them: duplicated tokens, lost tokens,
+// junk, forgeries and tokens retired by a resize. It is backend-neutral: it
+// works through an Inventory, which each backend provides.
+//
+// # Repair without raising admission
+//
+// A repair never lets more than N callers hold permits:
+//   - Invalid messages (junk, forged, foreign, retired) are removed: they
+//     admit nobody anyway.
+//   - Of the valid copies of one slot, the held one (if any) is kept and the
+//     others are removed; a slot admits one holder at a time whatever its
+//     number of copies, so removing copies only lowers admission.
+//   - A missing slot is issued only when the census proves it absent: no
+//     message for it and no live holder of it. The backend's Issue guards
+//     the proof against a change since the census (on NATS, a
+//     compare-and-set of the slot's lease record at the revision the census
+//     saw), so two reconcilers running at once cannot both issue it.
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrConflict is returned by Inventory.Issue when the slot changed since
+// the census (another reconciler issued it, or a holder appeared).
+var ErrConflict = errors.New("reconciler: slot changed since the census")
+
+// Inventory is what a backend offers the reconciler.
+type Inventory interface {
+	// Census reads every token message and every live holder.
+	Census(ctx context.Context) (Census, error)
+	// Remove deletes one message found by the latest Census.
+	Remove(ctx context.Context, e Entry) error
+	// Issue publishes a token for index if the slot is still as the latest
+	// Census saw it (absent, unheld); otherwise it returns ErrConflict.
+	Issue(ctx context.Context, index int) error
+}
+
+// Report is the outcome of one reconciliation.
+type Report struct {
+	Permits    int           `json:"permits"`
+	Tokens     int           `json:"tokens"`     // messages found
+	Duplicates []int         `json:"duplicates"` // indices with more than one valid token
+	Missing    []int         `json:"missing"`    // indices proven absent
+	Invalid    int           `json:"invalid"`    // junk, forged, foreign or retired
+	Removed    int           `json:"removed"`    // messages removed by the repair
+	Issued     int           `json:"issued"`     // tokens issued by the repair
+	Conflicts  int           `json:"conflicts"`  // issues skipped because the slot changed
+	Healthy    bool          `json:"healthy"`    // after the run
+	Census     time.Duration `json:"census_ns"`  // time of the (first) census
+	Repair     time.Duration `json:"repair_ns"`  // time of the repair
+}
+
+// Run takes a census and, if repair is set, repairs what it found, then
+// takes a second census to report the outcome.
+func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
+	t0 := time.Now()
+	c, err := inv.Census(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+	f := Analyze(c)
+	r := Report{
+		Permits: c.Permits, Tokens: len(c.Entries), Duplicates: f.DuplicateIndices(),
+		Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid), Census: time.Since(t0),
+		Healthy: f.Healthy(c.Permits),
+	}
+	if !repair || r.Healthy {
+		return r, nil
+	}
+	t1 := time.Now()
+	for _, e := range f.Invalid {
+		if err := inv.Remove(ctx, e); err != nil {
+			return r, fmt.Errorf("reconciler: remove invalid %s: %w", e.Ref, err)
+		}
+		r.Removed++
+	}
+	for _, i := range r.Duplicates {
+		for _, e := range surplus(f.Duplicates[i]) {
+			if err := inv.Remove(ctx, e); err != nil {
+				return r, fmt.Errorf("reconciler: remove duplicate %s of slot %d: %w", e.Ref, i, err)
+			}
+			r.Removed++
+		}
+	}
+	for _, i := range f.Missing {
+		switch err := inv.Issue(ctx, i); {
+		case err == nil:
+			r.Issued++
+		case errors.Is(err, ErrConflict):
+			r.Conflicts++
+		default:
+			return r, fmt.Errorf("reconciler: issue slot %d: %w", i, err)
+		}
+	}
+	r.Repair = time.Since(t1)
+	after, err := inv.Census(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.Healthy = Analyze(after).Healthy(after.Permits)
+	return r, nil
+}
+
+// surplus returns the copies of one slot to remove: all but the held one,
+// or all but the first when none is held.
+func surplus(es []Entry) []Entry {
+	keep := 0
+	for i, e := range es {
+		if e.Held {
+			keep = i
+			break
+		}
+	}
+	out := make([]Entry, 0, len(es)-1)
+	for i, e := range es {
+		if i != keep {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Watch runs Run every interval until ctx ends, handing each report (or
+// error) to report; a failed run is reported and retried at the next tick.
+// It returns ctx.Err(). Run it in a goroutine you own.
+func Watch(ctx context.Context, inv Inventory, interval time.Duration, repair bool, report func(Report, error)) error {
+	if interval <= 0 {
+		return fmt.Errorf("reconciler: watch interval %v must be positive", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		r, err := Run(ctx, inv, repair)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		report(r, err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
