@@ -100,7 +100,9 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 			return nil, err
 		}
 		_ = pc.ch.Close()
-		if retry.backoff {
+		// TryAcquire never waits: a returned duplicate went to the back of
+		// the queue, so the next get reaches the other ready tokens.
+		if retry.backoff && !noWait {
 			if err := sleepCtx(ctx, pause+rand.N(pause)); err != nil {
 				return nil, err
 			}

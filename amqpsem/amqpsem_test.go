@@ -3,6 +3,7 @@ package amqpsem_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,4 +177,41 @@ func TestReconnect(t *testing.T) {
 		t.Fatal("waiter never got a permit after the reconnect")
 	}
 	_ = blocker.Release(t.Context())
+}
+
+// TestConcurrentInitOneConn: Inits sharing one connection are serialized
+// too (the broker's exclusive lock queue only keeps other connections out).
+func TestConcurrentInitOneConn(t *testing.T) {
+	n := name(t)
+	c := dial(t, broker.Addr, 0)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			s, err := amqpsem.Init(t.Context(), c, n, 3)
+			if err == nil {
+				_ = s.Close()
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := amqpsem.Open(t.Context(), c, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st, err := s.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tokens != 3 || !st.Healthy {
+		t.Fatalf("after 4 concurrent Inits on one connection: %+v", st)
+	}
 }

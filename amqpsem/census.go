@@ -81,17 +81,36 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 }
 
 // readReady takes every ready token message, returns their bodies and the
-// number of waiting consumers, and requeues the messages.
+// number of consumers, and requeues the messages.
 func (s *Semaphore) readReady(ctx context.Context) ([][]byte, int, error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer ch.Close()
+	ds, consumers, err := s.takeReady(ctx, ch)
+	if err != nil {
+		return nil, 0, err
+	}
+	bodies := make([][]byte, len(ds))
+	for i, d := range ds {
+		bodies[i] = d.Body
+	}
+	if len(ds) > 0 {
+		if err := ch.Nack(ds[len(ds)-1].DeliveryTag, true, true); err != nil {
+			return nil, 0, fmt.Errorf("amqpsem: census requeue: %w", err)
+		}
+	}
+	return bodies, consumers, nil
+}
+
+// takeReady takes every ready token message on ch without acknowledging
+// them (they stay out of reach until acked, requeued or ch closes) and
+// returns them with the queue's consumer count.
+func (s *Semaphore) takeReady(ctx context.Context, ch *amqp.Channel) ([]amqp.Delivery, int, error) {
 	var q amqp.Queue
-	var bodies [][]byte
-	var last uint64
-	err = rpc(ctx, ch, func() error {
+	var ds []amqp.Delivery
+	err := rpc(ctx, ch, func() error {
 		var err error
 		if q, err = ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil); err != nil {
 			return err
@@ -101,8 +120,7 @@ func (s *Semaphore) readReady(ctx context.Context) ([][]byte, int, error) {
 			if err != nil || !ok {
 				return err
 			}
-			bodies = append(bodies, d.Body)
-			last = d.DeliveryTag
+			ds = append(ds, d)
 		}
 	})
 	if err != nil {
@@ -111,12 +129,7 @@ func (s *Semaphore) readReady(ctx context.Context) ([][]byte, int, error) {
 		}
 		return nil, 0, fmt.Errorf("amqpsem: census: %w", err)
 	}
-	if last != 0 {
-		if err := ch.Nack(last, true, true); err != nil {
-			return nil, 0, fmt.Errorf("amqpsem: census requeue: %w", err)
-		}
-	}
-	return bodies, q.Consumers, nil
+	return ds, q.Consumers, nil
 }
 
 // readClaims returns the slots whose claim queue exists.

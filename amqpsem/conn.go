@@ -48,6 +48,7 @@ type Conn struct {
 	log       *slog.Logger
 
 	mu      sync.Mutex
+	locks   map[string]*sync.Mutex // per semaphore: the lock queue excludes other connections only
 	cur     *session
 	closed  bool
 	changed chan struct{} // closed and replaced whenever cur changes
@@ -95,7 +96,7 @@ func WithDialLogger(l *slog.Logger) DialOption {
 // wrapping ErrUnreachable, refused credentials one wrapping ErrAuth.
 func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 	c := &Conn{url: url, heartbeat: DefaultHeartbeat, log: slog.New(slog.DiscardHandler),
-		changed: make(chan struct{}), done: make(chan struct{})}
+		locks: make(map[string]*sync.Mutex), changed: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -309,6 +310,20 @@ func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
 			return nil, nil, tokensem.ErrClosed
 		}
 	}
+}
+
+// localLock returns the in-process lock of semaphore name: the broker's
+// exclusive lock queue keeps other connections out, not other callers on
+// this one.
+func (c *Conn) localLock(name string) *sync.Mutex {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m, ok := c.locks[name]
+	if !ok {
+		m = new(sync.Mutex)
+		c.locks[name] = m
+	}
+	return m
 }
 
 // ServerVersion returns the broker's version as it announced it.

@@ -139,6 +139,30 @@ func (s *Semaphore) checkKey(cfg config) error {
 // second connection cannot declare (405 RESOURCE_LOCKED) and which the
 // broker deletes if the holder's connection dies.
 func (s *Semaphore) lock(ctx context.Context) (func(), error) {
+	local := s.c.localLock(s.name)
+	if !tryLock(ctx, local) {
+		return nil, fmt.Errorf("amqpsem: waiting for another Init or reconcile of %s: %w", s.name, ctx.Err())
+	}
+	unlock, err := s.lockBroker(ctx)
+	if err != nil {
+		local.Unlock()
+		return nil, err
+	}
+	return func() { unlock(); local.Unlock() }, nil
+}
+
+// tryLock locks m unless ctx ends first.
+func tryLock(ctx context.Context, m *sync.Mutex) bool {
+	for !m.TryLock() {
+		if sleepCtx(ctx, 5*time.Millisecond) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// lockBroker takes the broker-side lock queue.
+func (s *Semaphore) lockBroker(ctx context.Context) (func(), error) {
 	for {
 		ch, _, err := s.c.channel(ctx)
 		if err != nil {

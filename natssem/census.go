@@ -143,7 +143,7 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 		Permits: c.Permits, Epoch: c.Epoch, Lease: inv.cfg.Lease,
 		Tokens: len(c.Entries), Waiting: cons.CachedInfo().NumWaiting, Held: len(c.HeldSlots),
 		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
-		Healthy: f.Healthy(c.Permits),
+		Healthy: f.Healthy(c),
 	}
 	heldSlot := make(map[int]bool, len(c.HeldSlots))
 	for _, idx := range c.HeldSlots {

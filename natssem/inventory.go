@@ -31,6 +31,10 @@ type Inventory struct {
 // Inventory returns the semaphore's inventory for the reconciler.
 func (s *Semaphore) Inventory() *Inventory { return &Inventory{s: s} }
 
+// Lock returns at once: on NATS, Issue is guarded by a compare-and-set of
+// the slot record, which serializes reconcilers slot by slot.
+func (inv *Inventory) Lock(ctx context.Context) (func(), error) { return func() {}, nil }
+
 // Census reads the configuration, every token message and every slot
 // record.
 func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
@@ -42,11 +46,14 @@ func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
 	if err != nil {
 		return reconciler.Census{}, err
 	}
-	msgs, err := s.scanTokens(ctx)
+	// Records before tokens: a slot issued after its record was read shows
+	// up in the scan, and one issued before it moved the revision Issue will
+	// compare against.
+	slots, err := s.readSlots(ctx)
 	if err != nil {
 		return reconciler.Census{}, err
 	}
-	slots, err := s.readSlots(ctx)
+	msgs, err := s.scanTokens(ctx)
 	if err != nil {
 		return reconciler.Census{}, err
 	}
@@ -103,10 +110,13 @@ func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
 	return nil
 }
 
-// Issue publishes a new token for index. It first rewrites the slot's lease
-// record as free by compare-and-set at the revision the latest Census saw:
-// if anyone touched the slot since (another reconciler issuing it, a holder
-// appearing), that fails and Issue returns reconciler.ErrConflict.
+// Issue publishes a new token for index, at most once per state of the
+// slot: the message ID names the slot record's revision as the latest
+// Census saw it, so reconcilers that saw the same state publish one message
+// between them (JetStream drops the second within its 2-minute duplicate
+// window), and the compare-and-set that follows moves the revision, so that
+// a later loss gets a fresh ID. A duplicate publish or a failed
+// compare-and-set returns reconciler.ErrConflict.
 func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	inv.mu.Lock()
 	sl, cfg := inv.slots[index], inv.cfg
@@ -118,22 +128,26 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if index < 0 || index >= cfg.Permits {
 		return fmt.Errorf("natssem: slot %d outside [0, %d)", index, cfg.Permits)
 	}
-	mark := record{By: "reconciler"}
-	if _, err := s.cas(ctx, index, mark, sl.rev, 0); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return reconciler.ErrConflict
-		}
-		return err
-	}
 	tok := tokensem.NewToken(s.name, index, cfg.Epoch)
 	b, err := s.codec.Encode(tok)
 	if err != nil {
 		return err
 	}
+	id := fmt.Sprintf("reissue.%d.%d.%d", cfg.Epoch, index, sl.rev)
 	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	if _, err := s.js.Publish(rctx, Subject(s.name), b, jetstream.WithMsgID("reissue."+tok.ID)); err != nil {
+	ack, err := s.js.Publish(rctx, Subject(s.name), b, jetstream.WithMsgID(id))
+	cancel()
+	if err != nil {
 		return wrapBrokerErr(err)
+	}
+	if ack.Duplicate {
+		return reconciler.ErrConflict
+	}
+	if _, err := s.cas(ctx, index, record{By: "reconciler", Token: tok.ID}, sl.rev, 0); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return reconciler.ErrConflict
+		}
+		return err
 	}
 	s.log.Info("issued a token for a missing slot", "index", index)
 	return nil

@@ -24,6 +24,10 @@ type Census struct {
 	// holder records, whether or not their token message was found. A held
 	// slot is never proven absent.
 	HeldSlots []int
+	// HeldUnseen says held tokens are not among Entries (RabbitMQ cannot
+	// read an unacked message): each held slot then has one more token than
+	// its entries show, and every entry of it is a surplus copy.
+	HeldUnseen bool
 }
 
 // Findings classify a census.
@@ -36,8 +40,12 @@ type Findings struct {
 
 // Healthy reports whether the census found exactly one valid token per slot
 // and nothing else.
-func (f Findings) Healthy(permits int) bool {
-	return f.Valid == permits && len(f.Duplicates) == 0 && len(f.Missing) == 0 && len(f.Invalid) == 0
+func (f Findings) Healthy(c Census) bool {
+	valid := f.Valid
+	if c.HeldUnseen {
+		valid += len(c.HeldSlots)
+	}
+	return valid == c.Permits && len(f.Duplicates) == 0 && len(f.Missing) == 0 && len(f.Invalid) == 0
 }
 
 // DuplicateIndices returns the duplicated indices in order.
@@ -67,10 +75,15 @@ func Analyze(c Census) Findings {
 		held[i] = true
 	}
 	for i := 0; i < c.Permits; i++ {
-		switch es := byIndex[i]; {
-		case len(es) == 0 && !held[i]:
+		es := byIndex[i]
+		n := len(es)
+		if c.HeldUnseen && held[i] {
+			n++
+		}
+		switch {
+		case n == 0 && !held[i]:
 			f.Missing = append(f.Missing, i)
-		case len(es) > 1:
+		case n > 1:
 			f.Duplicates[i] = es
 		}
 	}

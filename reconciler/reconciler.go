@@ -31,6 +31,10 @@ var ErrConflict = errors.New("reconciler: slot changed since the census")
 
 // Inventory is what a backend offers the reconciler.
 type Inventory interface {
+	// Lock serializes reconcilers of one semaphore for the length of a run
+	// (backends whose Issue is guarded otherwise may return a no-op), and
+	// unlock releases everything the run held.
+	Lock(ctx context.Context) (unlock func(), err error)
 	// Census reads every token message and every live holder.
 	Census(ctx context.Context) (Census, error)
 	// Remove deletes one message found by the latest Census.
@@ -58,6 +62,11 @@ type Report struct {
 // Run takes a census and, if repair is set, repairs what it found, then
 // takes a second census to report the outcome.
 func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
+	unlock, err := inv.Lock(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+	defer unlock()
 	t0 := time.Now()
 	c, err := inv.Census(ctx)
 	if err != nil {
@@ -67,7 +76,7 @@ func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 	r := Report{
 		Permits: c.Permits, Tokens: len(c.Entries), Duplicates: f.DuplicateIndices(),
 		Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid), Census: time.Since(t0),
-		Healthy: f.Healthy(c.Permits),
+		Healthy: f.Healthy(c),
 	}
 	if !repair || r.Healthy {
 		return r, nil
@@ -79,8 +88,12 @@ func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 		}
 		r.Removed++
 	}
+	heldSlot := make(map[int]bool, len(c.HeldSlots))
+	for _, i := range c.HeldSlots {
+		heldSlot[i] = true
+	}
 	for _, i := range r.Duplicates {
-		for _, e := range surplus(f.Duplicates[i]) {
+		for _, e := range surplus(f.Duplicates[i], c.HeldUnseen && heldSlot[i]) {
 			if err := inv.Remove(ctx, e); err != nil {
 				return r, fmt.Errorf("reconciler: remove duplicate %s of slot %d: %w", e.Ref, i, err)
 			}
@@ -102,13 +115,17 @@ func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 	if err != nil {
 		return r, err
 	}
-	r.Healthy = Analyze(after).Healthy(after.Permits)
+	r.Healthy = Analyze(after).Healthy(after)
 	return r, nil
 }
 
 // surplus returns the copies of one slot to remove: all but the held one,
-// or all but the first when none is held.
-func surplus(es []Entry) []Entry {
+// or all but the first when none is held; all of them when the slot's held
+// token is unseen.
+func surplus(es []Entry, heldUnseen bool) []Entry {
+	if heldUnseen {
+		return es
+	}
 	keep := 0
 	for i, e := range es {
 		if e.Held {

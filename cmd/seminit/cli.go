@@ -38,7 +38,7 @@ Usage:
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
-  seminit reconcile --name NAME [--repair] [--watch INTERVAL]   (nats:// for now)
+  seminit reconcile --name NAME [--repair] [--watch INTERVAL]
 
 Flags common to init, status and exec:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/reconciler"
 )
@@ -72,6 +73,8 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 func inventoryOf(s tokensem.Semaphore) (reconciler.Inventory, bool) {
 	switch s := s.(type) {
 	case *natssem.Semaphore:
+		return s.Inventory(), true
+	case *amqpsem.Semaphore:
 		return s.Inventory(), true
 	default:
 		return nil, false

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem/natssem"
 )
@@ -57,6 +58,42 @@ func TestReconcile(t *testing.T) {
 		t.Fatalf("report = %+v", rep)
 	}
 	if r := b.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK || !strings.Contains(r.stdout, "removed 2") {
+		t.Fatalf("reconcile --repair: %v", r)
+	}
+	if _, st := b.statusJSON(t, name); st.Tokens != 2 || !st.Healthy {
+		t.Fatalf("status after the repair: %+v", st)
+	}
+}
+
+// TestReconcileAMQP: a junk message in a RabbitMQ semaphore is reported,
+// then removed by --repair.
+func TestReconcileAMQP(t *testing.T) {
+	b := amqpBroker(t)
+	name := uniqueName(t)
+	b.mustInit(t, name, 2)
+	conn, err := amqp.Dial(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", b.prefix+name, true, false, amqp.Publishing{Body: []byte("junk")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+		t.Fatalf("publish junk: %v %v", ok, err)
+	}
+	if r := b.seminit(t, "reconcile", "--name", name); r.code != exitFailure || !strings.Contains(r.stdout, "invalid 1") {
+		t.Fatalf("reconcile with junk: %v, want exit 1 reporting it", r)
+	}
+	if r := b.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK || !strings.Contains(r.stdout, "removed 1") {
 		t.Fatalf("reconcile --repair: %v", r)
 	}
 	if _, st := b.statusJSON(t, name); st.Tokens != 2 || !st.Healthy {

@@ -1,0 +1,171 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+var _ reconciler.Inventory = (*Inventory)(nil)
+
+// Inventory is the reconciler's view of a RabbitMQ semaphore.
+//
+// RabbitMQ shows a queued message only by delivering it and cannot delete
+// one by reference. So a census takes every ready token on a channel of its
+// own and keeps them unacked until the run ends: Remove acknowledges the
+// chosen ones, and the end of the run (or the next census) requeues the
+// rest; if the reconciler dies, the broker requeues them. Held tokens
+// cannot be read at all; their slots are known from the claim queues, so
+// the census reports them as held and unseen (reconciler.Census.HeldUnseen)
+// and every ready copy of a held slot is surplus. A slot is proven absent
+// when no ready token and no claim names it, under the creation lock, which
+// also keeps two reconcilers from issuing at once. A token that a waiter
+// received but has not claimed yet is invisible for that instant: issuing
+// its slot then makes a duplicate, which can never admit a second holder
+// (the claim refuses it) and which the next run removes.
+type Inventory struct {
+	s *Semaphore
+
+	mu  sync.Mutex
+	ch  *amqp.Channel // holds the ready tokens of the latest census
+	cfg config
+}
+
+// Inventory returns the semaphore's inventory for the reconciler.
+func (s *Semaphore) Inventory() *Inventory { return &Inventory{s: s} }
+
+// Lock takes the creation lock for the run; unlock requeues the tokens the
+// latest census holds and releases the lock.
+func (inv *Inventory) Lock(ctx context.Context) (func(), error) {
+	unlock, err := inv.s.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		inv.release()
+		unlock()
+	}, nil
+}
+
+// release requeues the tokens the latest census holds.
+func (inv *Inventory) release() {
+	inv.mu.Lock()
+	ch := inv.ch
+	inv.ch = nil
+	inv.mu.Unlock()
+	if ch != nil {
+		_ = ch.Nack(0, true, true) // every outstanding delivery
+		_ = ch.Close()
+	}
+}
+
+// Census takes every ready token (keeping them until the run ends) and
+// reads the claim queues.
+func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
+	s := inv.s
+	if s.isClosed() {
+		return reconciler.Census{}, tokensem.ErrClosed
+	}
+	inv.release()
+	cfg, err := s.readConfig(ctx)
+	if err != nil {
+		return reconciler.Census{}, err
+	}
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return reconciler.Census{}, err
+	}
+	ds, _, err := s.takeReady(ctx, ch)
+	if err != nil {
+		_ = ch.Close()
+		return reconciler.Census{}, err
+	}
+	inv.mu.Lock()
+	inv.ch, inv.cfg = ch, cfg
+	inv.mu.Unlock()
+	held, err := s.readClaims(ctx, cfg.Permits)
+	if err != nil {
+		return reconciler.Census{}, err
+	}
+	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true,
+		Entries: make([]reconciler.Entry, 0, len(ds))}
+	for _, d := range ds {
+		e := reconciler.Entry{Ref: strconv.FormatUint(d.DeliveryTag, 10)}
+		tok, err := s.codec.Decode(d.Body)
+		switch {
+		case errors.Is(err, tokensem.ErrForgedToken):
+			e.Reason = "forged"
+		case err != nil:
+			e.Reason = "junk"
+		case tok.Semaphore != s.name:
+			e.Token, e.Reason = tok, "foreign"
+		case tok.Epoch != cfg.Epoch || tok.Index >= cfg.Permits:
+			e.Token, e.Reason = tok, "retired"
+		default:
+			e.Token, e.Valid = tok, true
+		}
+		c.Entries = append(c.Entries, e)
+	}
+	return c, nil
+}
+
+// Remove acknowledges (deletes) one token the latest census holds.
+func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
+	tag, err := strconv.ParseUint(e.Ref, 10, 64)
+	if err != nil {
+		return fmt.Errorf("amqpsem: bad message reference %q", e.Ref)
+	}
+	inv.mu.Lock()
+	ch := inv.ch
+	inv.mu.Unlock()
+	if ch == nil {
+		return errors.New("amqpsem: Remove without a census")
+	}
+	return ch.Ack(tag, false)
+}
+
+// Issue publishes a token for index, with a publisher confirm. Call it only
+// for a slot the latest census, taken under Lock, proved absent.
+func (inv *Inventory) Issue(ctx context.Context, index int) error {
+	inv.mu.Lock()
+	cfg := inv.cfg
+	inv.mu.Unlock()
+	if cfg.Permits == 0 {
+		return errors.New("amqpsem: Issue before Census")
+	}
+	if index < 0 || index >= cfg.Permits {
+		return fmt.Errorf("amqpsem: slot %d outside [0, %d)", index, cfg.Permits)
+	}
+	s := inv.s
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
+		return err
+	}
+	tok := tokensem.NewToken(s.name, index, cfg.Epoch)
+	b, err := s.codec.Encode(tok)
+	if err != nil {
+		return err
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", QueueName(s.name), true, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, ContentType: "text/plain", MessageId: tok.ID, Body: b,
+	})
+	if err != nil {
+		return fmt.Errorf("amqpsem: issue slot %d: %w", index, err)
+	}
+	if err := waitConfirms(ctx, []*amqp.DeferredConfirmation{dc}); err != nil {
+		return err
+	}
+	s.log.Info("issued a token for a missing slot", "index", index)
+	return nil
+}

@@ -1,0 +1,439 @@
+package reconciler_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/natssem/embedded"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+var (
+	srv       *embedded.Server
+	rabbit    *rabbittest.Broker
+	rabbitErr error
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if srv, err = embedded.Start(embedded.Config{}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	rabbit, rabbitErr = rabbittest.Start(context.Background())
+	code := m.Run()
+	srv.Shutdown()
+	if rabbit != nil {
+		rabbit.Stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// fixture is one semaphore on one broker, with ways to damage it straight
+// on the broker.
+type fixture struct {
+	name        string
+	sem         tokensem.Semaphore
+	inventory   func() reconciler.Inventory
+	publish     func(t testing.TB, b []byte)
+	deleteToken func(t testing.TB, index int)
+}
+
+// backends are the brokers the reconciler tests run on.
+var backends = []struct {
+	name string
+	new  func(t testing.TB, name string, permits int, key []byte) *fixture
+}{
+	{"nats", newNATS},
+	{"amqp", newAMQP},
+}
+
+func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
+	t.Helper()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	var opts []natssem.Option
+	if key != nil {
+		opts = append(opts, natssem.WithKey(key))
+	}
+	s, err := natssem.Init(context.Background(), nc, name, permits, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{
+		name: name, sem: s,
+		inventory: func() reconciler.Inventory { return s.Inventory() },
+		publish: func(t testing.TB, b []byte) {
+			t.Helper()
+			if _, err := js.Publish(context.Background(), natssem.Subject(name), b); err != nil {
+				t.Fatal(err)
+			}
+		},
+		deleteToken: func(t testing.TB, index int) {
+			t.Helper()
+			c, err := s.Inventory().Census(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range c.Entries {
+				if e.Valid && e.Token.Index == index {
+					seq, _ := strconv.ParseUint(e.Ref, 10, 64)
+					stream, err := js.Stream(context.Background(), natssem.StreamName(name))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := stream.DeleteMsg(context.Background(), seq); err != nil {
+						t.Fatal(err)
+					}
+					return
+				}
+			}
+			t.Fatalf("no token of slot %d", index)
+		},
+	}
+}
+
+func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
+	t.Helper()
+	if rabbit == nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and no RabbitMQ: %v", rabbitErr)
+		}
+		t.Skipf("no RabbitMQ: %v", rabbitErr)
+	}
+	name += "-" + runID
+	c, err := amqpsem.Dial(context.Background(), rabbit.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	var opts []amqpsem.Option
+	if key != nil {
+		opts = append(opts, amqpsem.WithKey(key))
+	}
+	s, err := amqpsem.Init(context.Background(), c, name, permits, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	raw, err := amqp.Dial(rabbit.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = raw.Close() })
+	return &fixture{
+		name: name, sem: s,
+		inventory: func() reconciler.Inventory { return s.Inventory() },
+		publish: func(t testing.TB, b []byte) {
+			t.Helper()
+			ch, err := raw.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ch.Close()
+			if err := ch.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", amqpsem.QueueName(name), true, false,
+				amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+				t.Fatalf("publish: %v %v", ok, err)
+			}
+		},
+		deleteToken: func(t testing.TB, index int) {
+			t.Helper()
+			ch, err := raw.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ch.Close() // requeues the others
+			for {
+				d, ok, err := ch.Get(amqpsem.QueueName(name), false)
+				if err != nil || !ok {
+					t.Fatalf("no ready token of slot %d (%v)", index, err)
+				}
+				if tok, err := tokensem.NewCodec(key).Decode(d.Body); err == nil && tok.Index == index {
+					if err := d.Ack(false); err != nil {
+						t.Fatal(err)
+					}
+					return
+				}
+			}
+		},
+	}
+}
+
+var runID = tokensem.NewToken("x", 0, 0).ID[:6]
+
+// usable takes every permit that can be had right now, returns them all, and
+// reports how many there were: the admission bound as clients see it.
+func (f *fixture) usable(t testing.TB) int {
+	t.Helper()
+	var ps []tokensem.Permit
+	for {
+		p, err := f.sem.TryAcquire(context.Background())
+		if errors.Is(err, tokensem.ErrNoPermit) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	for _, p := range ps {
+		if err := p.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return len(ps)
+}
+
+func run(t testing.TB, f *fixture, repair bool) reconciler.Report {
+	t.Helper()
+	r, err := reconciler.Run(context.Background(), f.inventory(), repair)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestRepair(t *testing.T) {
+	key := []byte("reconciler-test-key-0123456789")
+	tests := []struct {
+		name   string
+		key    []byte
+		inject func(t *testing.T, f *fixture)
+		check  func(t *testing.T, r reconciler.Report)
+	}{
+		{"copied token", nil, func(t *testing.T, f *fixture) {
+			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 1, 1))
+			f.publish(t, b)
+		}, func(t *testing.T, r reconciler.Report) {
+			if len(r.Duplicates) != 1 || r.Duplicates[0] != 1 {
+				t.Errorf("duplicates = %v, want [1]", r.Duplicates)
+			}
+		}},
+		{"deleted token", nil, func(t *testing.T, f *fixture) { f.deleteToken(t, 2) },
+			func(t *testing.T, r reconciler.Report) {
+				if len(r.Missing) != 1 || r.Missing[0] != 2 {
+					t.Errorf("missing = %v, want [2]", r.Missing)
+				}
+			}},
+		{"junk", nil, func(t *testing.T, f *fixture) { f.publish(t, []byte("junk")) },
+			func(t *testing.T, r reconciler.Report) {
+				if r.Invalid != 1 {
+					t.Errorf("invalid = %d, want 1", r.Invalid)
+				}
+			}},
+		{"forged", key, func(t *testing.T, f *fixture) {
+			b, _ := tokensem.NewCodec([]byte("attacker-key-0123456789")).Encode(tokensem.NewToken(f.name, 0, 1))
+			f.publish(t, b)
+		}, func(t *testing.T, r reconciler.Report) {
+			if r.Invalid != 1 || len(r.Duplicates) != 0 {
+				t.Errorf("invalid = %d, duplicates %v; want the forgery invalid, not a duplicate", r.Invalid, r.Duplicates)
+			}
+		}},
+		{"retired", nil, func(t *testing.T, f *fixture) {
+			for _, tok := range []tokensem.Token{tokensem.NewToken(f.name, 7, 1), tokensem.NewToken(f.name, 0, 0)} {
+				b, _ := tokensem.Codec{}.Encode(tok)
+				f.publish(t, b)
+			}
+		}, func(t *testing.T, r reconciler.Report) {
+			if r.Invalid != 2 {
+				t.Errorf("invalid = %d, want 2 (index >= N, old epoch)", r.Invalid)
+			}
+		}},
+	}
+	for _, be := range backends {
+		for i, tc := range tests {
+			t.Run(be.name+"/"+tc.name, func(t *testing.T) {
+				f := be.new(t, fmt.Sprintf("repair-%d", i), 3, tc.key)
+				tc.inject(t, f)
+				report := run(t, f, false)
+				if report.Healthy {
+					t.Fatalf("report-only run called the damaged semaphore healthy: %+v", report)
+				}
+				tc.check(t, report)
+				if again := run(t, f, false); again.Healthy {
+					t.Fatal("a report-only run repaired something")
+				}
+				if n := f.usable(t); n > 3 {
+					t.Fatalf("%d permits usable before the repair, of 3", n)
+				}
+				fixed := run(t, f, true)
+				if !fixed.Healthy {
+					t.Fatalf("after repair: %+v", fixed)
+				}
+				st, err := f.sem.Status(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Tokens != 3 || !st.Healthy {
+					t.Fatalf("status after repair: %+v", st)
+				}
+				if n := f.usable(t); n != 3 {
+					t.Fatalf("%d permits usable after the repair, want exactly 3", n)
+				}
+			})
+		}
+	}
+}
+
+// TestHeldDuplicate: the copy of a held slot is removed and the holder
+// keeps its permit.
+func TestHeldDuplicate(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			f := be.new(t, "held-dup", 1, nil)
+			p, err := f.sem.Acquire(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 0, 1))
+			f.publish(t, b)
+			r := run(t, f, true)
+			if r.Removed != 1 || !r.Healthy {
+				t.Fatalf("repair of a held slot's copy: %+v", r)
+			}
+			if p.Err() != nil {
+				t.Fatalf("holder lost its permit to the repair: %v", p.Err())
+			}
+			if _, err := f.sem.TryAcquire(context.Background()); !errors.Is(err, tokensem.ErrNoPermit) {
+				t.Fatalf("second permit of N=1 after the repair: %v", err)
+			}
+			if err := p.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if n := f.usable(t); n != 1 {
+				t.Fatalf("%d usable, want 1", n)
+			}
+		})
+	}
+}
+
+// TestMissingWhileHeld: a held slot whose message vanished is not proven
+// absent; it is issued only after its holder is gone.
+func TestMissingWhileHeld(t *testing.T) {
+	// NATS only: on RabbitMQ a held token is an unacked delivery that no
+	// one but its holder can delete.
+	for _, be := range backends[:1] {
+		t.Run(be.name, func(t *testing.T) {
+			f := be.new(t, "missing-held", 1, nil)
+			p, err := f.sem.Acquire(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.deleteToken(t, 0)
+			if r := run(t, f, true); r.Issued != 0 {
+				t.Fatalf("issued a token for a slot with a live holder: %+v", r)
+			}
+			if err := p.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			r := run(t, f, true)
+			if r.Issued != 1 || !r.Healthy {
+				t.Fatalf("after the holder released: %+v", r)
+			}
+			if n := f.usable(t); n != 1 {
+				t.Fatalf("%d usable, want 1", n)
+			}
+		})
+	}
+}
+
+// TestConcurrentReconcilers: two reconcilers repairing the same losses at
+// once issue each missing slot exactly once.
+func TestConcurrentReconcilers(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			for round := range 5 {
+				f := be.new(t, fmt.Sprintf("concurrent-%d", round), 4, nil)
+				f.deleteToken(t, 1)
+				f.deleteToken(t, 3)
+				var wg sync.WaitGroup
+				reports := make([]reconciler.Report, 2)
+				for i := range reports {
+					wg.Go(func() {
+						r, err := reconciler.Run(context.Background(), f.inventory(), true)
+						if err != nil {
+							t.Error(err)
+						}
+						reports[i] = r
+					})
+				}
+				wg.Wait()
+				if issued := reports[0].Issued + reports[1].Issued; issued != 2 {
+					t.Fatalf("round %d: %d tokens issued for 2 losses (%+v)", round, issued, reports)
+				}
+				st, err := f.sem.Status(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Tokens != 4 || !st.Healthy {
+					t.Fatalf("round %d: %+v", round, st)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCensus10k and BenchmarkRepair10k measure N = 10,000.
+func BenchmarkCensus10k(b *testing.B) {
+	f := newNATS(b, "census-10k", 10_000, nil)
+	inv := f.inventory()
+	for b.Loop() {
+		if _, err := inv.Census(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRepair10k(b *testing.B) {
+	f := newNATS(b, "repair-10k", 10_000, nil)
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		for j := range 100 { // 100 losses and 100 copies
+			f.deleteToken(b, (i*100+j)%10_000)
+			tok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, (i*100+j+5000)%10_000, 1))
+			f.publish(b, tok)
+		}
+		b.StartTimer()
+		r, err := reconciler.Run(context.Background(), f.inventory(), true)
+		if err != nil || !r.Healthy || r.Issued != 100 || r.Removed != 100 {
+			b.Fatalf("repair: %+v %v", r, err)
+		}
+		b.ReportMetric(float64(r.Census.Milliseconds()), "census-ms")
+		b.ReportMetric(float64(r.Repair.Milliseconds()), "repair-ms")
+	}
+}
