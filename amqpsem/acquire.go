@@ -167,11 +167,16 @@ func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error)
 // closing: it goes back (the channel is closed) and the caller retries
 // after a pause.
 func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery) (*Permit, error) {
-	tok, err := s.admit(d.Body)
-	if err != nil {
+	tok, err := s.admit(ctx, d.Body)
+	switch {
+	case errors.Is(err, tokensem.ErrInvalidToken), errors.Is(err, tokensem.ErrForgedToken):
 		s.log.Warn("removing an invalid token message", "reason", err)
 		_ = d.Ack(false)
 		return nil, errRetry{}
+	case err != nil:
+		// Could not check it (the configuration did not load): the
+		// channel's close returns the token.
+		return nil, err
 	}
 	if !s.reserve(tok.Index) {
 		s.log.Warn("duplicate token of a slot this process holds; returning it", "index", tok.Index)
@@ -209,12 +214,15 @@ func (s *Semaphore) claimSlot(pc *pooledChannel, index int) error {
 }
 
 // admit parses and checks a delivered token.
-func (s *Semaphore) admit(body []byte) (tokensem.Token, error) {
+func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, error) {
 	tok, err := s.codec.Decode(body)
 	if err != nil {
 		return tokensem.Token{}, err
 	}
-	cfg := s.config()
+	cfg, err := s.freshConfig(ctx)
+	if err != nil {
+		return tokensem.Token{}, err
+	}
 	if tok.Semaphore != s.name || tok.Index >= cfg.Permits || tok.Epoch != cfg.Epoch {
 		return tokensem.Token{}, fmt.Errorf("%w: %s is not a current token of %s", tokensem.ErrInvalidToken, tok, s.name)
 	}

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 var _ tokensem.Semaphore = (*Semaphore)(nil)
@@ -27,6 +28,7 @@ type Semaphore struct {
 
 	mu     sync.Mutex
 	cfg    config
+	cfgAt  time.Time    // when cfg was read
 	held   map[int]bool // slots this process holds
 	claims map[int]bool // claim queues known to exist
 	idle   []*pooledChannel
@@ -74,7 +76,7 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 	default:
 		return nil, err
 	}
-	s.cfg = cfg
+	s.setConfig(cfg)
 	return s, nil
 }
 
@@ -98,8 +100,89 @@ func Open(ctx context.Context, c *Conn, name string, opts ...Option) (*Semaphore
 	if err := s.checkKey(cfg); err != nil {
 		return nil, err
 	}
-	s.cfg = cfg
+	s.setConfig(cfg)
 	return s, nil
+}
+
+func (s *Semaphore) setConfig(cfg config) {
+	s.mu.Lock()
+	s.cfg, s.cfgAt = cfg, time.Now()
+	s.mu.Unlock()
+}
+
+// configTTL is how long an acquirer trusts the configuration it read: after
+// a resize, every client admits by the new permit count within this long.
+const configTTL = 2 * time.Second
+
+// freshConfig returns the configuration, re-reading it when it is older
+// than configTTL.
+func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
+	s.mu.Lock()
+	cfg, at := s.cfg, s.cfgAt
+	s.mu.Unlock()
+	if time.Since(at) < configTTL {
+		return cfg, nil
+	}
+	cfg, err := s.readConfig(ctx)
+	if err != nil {
+		return config{}, err
+	}
+	s.setConfig(cfg)
+	return cfg, nil
+}
+
+// Resize changes the number of permits, under the creation lock, and
+// repairs the token set to match (see reconciler.Run): growing issues tokens
+// for the new slots; shrinking removes the ready tokens of slots >=
+// permits, while their holders keep their permits until they release
+// (their tokens are then retired by the next acquirer). Every client admits
+// by the new count within configTTL, so admission never exceeds max(old,
+// new) and converges to the new count.
+//
+// Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
+// broker error.
+func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report, error) {
+	if err := tokensem.ValidatePermits(permits); err != nil {
+		return reconciler.Report{}, err
+	}
+	if s.isClosed() {
+		return reconciler.Report{}, tokensem.ErrClosed
+	}
+	if err := s.writePermits(ctx, permits); err != nil {
+		return reconciler.Report{}, err
+	}
+	return reconciler.Run(ctx, s.Inventory(), true)
+}
+
+func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
+	unlock, err := s.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	cfg, err := s.readConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if cfg.Permits == permits {
+		return nil
+	}
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
+		return err
+	}
+	old := cfg.Permits
+	cfg.Permits, cfg.Seq = permits, cfg.Seq+1
+	if err := s.writeConfig(ctx, ch, cfg); err != nil {
+		return err
+	}
+	s.setConfig(cfg)
+	s.log.Info("resized", "from", old, "to", permits)
+	return nil
 }
 
 func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {

@@ -276,7 +276,10 @@ func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, err
 	if tok.Semaphore != s.name {
 		return tokensem.Token{}, fmt.Errorf("%w: token of semaphore %q", errRetired, tok.Semaphore)
 	}
-	cfg := s.config()
+	cfg, err := s.freshConfig(ctx)
+	if err != nil {
+		return tokensem.Token{}, err
+	}
 	if tok.Index < cfg.Permits && tok.Epoch == cfg.Epoch {
 		return tok, nil
 	}

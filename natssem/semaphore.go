@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 var _ tokensem.Semaphore = (*Semaphore)(nil)
@@ -51,6 +52,7 @@ type Semaphore struct {
 
 	mu     sync.Mutex
 	cfg    config
+	cfgAt  time.Time            // when cfg was read
 	cache  map[int]cachedRecord // slot records this client wrote or read last
 	idle   []*waiter            // inboxes with no pull pending, for reuse
 	closed bool
@@ -98,7 +100,7 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 		s.log.Warn("semaphore exists with another lease; using the stored one",
 			"semaphore", name, "stored", cfg.Lease, "requested", o.Lease)
 	}
-	s.cfg = cfg
+	s.setConfig(cfg)
 	return s, nil
 }
 
@@ -133,7 +135,7 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	if err := s.checkKey(cfg); err != nil {
 		return nil, err
 	}
-	s.cfg = cfg
+	s.setConfig(cfg)
 	return s, nil
 }
 
@@ -394,10 +396,72 @@ func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 	if err != nil {
 		return config{}, err
 	}
-	s.mu.Lock()
-	s.cfg = cfg
-	s.mu.Unlock()
+	s.setConfig(cfg)
 	return cfg, nil
+}
+
+func (s *Semaphore) setConfig(cfg config) {
+	s.mu.Lock()
+	s.cfg, s.cfgAt = cfg, time.Now()
+	s.mu.Unlock()
+}
+
+// configTTL is how long an acquirer trusts the configuration it read: after
+// a resize, every client admits by the new permit count within this long.
+const configTTL = 2 * time.Second
+
+// freshConfig returns the configuration, re-reading it when it is older
+// than configTTL.
+func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
+	s.mu.Lock()
+	cfg, at := s.cfg, s.cfgAt
+	s.mu.Unlock()
+	if time.Since(at) < configTTL {
+		return cfg, nil
+	}
+	return s.refreshConfig(ctx)
+}
+
+// Resize changes the number of permits and repairs the token set to match
+// (see reconciler.Run): growing issues tokens for the new slots; shrinking
+// removes the ready tokens of slots >= permits, while their holders keep
+// their permits until they release (their tokens are then retired by the
+// next acquirer). Every client admits by the new count within configTTL,
+// so admission never exceeds max(old, new) and converges to the new count.
+//
+// Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
+// broker error.
+func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report, error) {
+	if err := tokensem.ValidatePermits(permits); err != nil {
+		return reconciler.Report{}, err
+	}
+	if s.isClosed() {
+		return reconciler.Report{}, tokensem.ErrClosed
+	}
+	for {
+		cfg, rev, err := s.readConfig(ctx)
+		if err != nil {
+			return reconciler.Report{}, err
+		}
+		if cfg.Permits == permits {
+			break
+		}
+		old := cfg.Permits
+		cfg.Permits = permits
+		rctx, cancel := s.rtt(ctx)
+		_, err = s.kv.Update(rctx, configKey, mustJSON(cfg), rev)
+		cancel()
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			continue // changed meanwhile: read again
+		}
+		if err != nil {
+			return reconciler.Report{}, wrapBrokerErr(err)
+		}
+		s.setConfig(cfg)
+		s.log.Info("resized", "from", old, "to", permits)
+		break
+	}
+	return reconciler.Run(ctx, s.Inventory(), true)
 }
 
 // Close makes later calls return tokensem.ErrClosed and wakes callers

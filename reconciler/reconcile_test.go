@@ -57,6 +57,7 @@ type fixture struct {
 	inventory   func() reconciler.Inventory
 	publish     func(t testing.TB, b []byte)
 	deleteToken func(t testing.TB, index int)
+	resize      func(ctx context.Context, permits int) (reconciler.Report, error)
 }
 
 // backends are the brokers the reconciler tests run on.
@@ -89,7 +90,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 		t.Fatal(err)
 	}
 	return &fixture{
-		name: name, sem: s,
+		name: name, sem: s, resize: s.Resize,
 		inventory: func() reconciler.Inventory { return s.Inventory() },
 		publish: func(t testing.TB, b []byte) {
 			t.Helper()
@@ -150,7 +151,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 	}
 	t.Cleanup(func() { _ = raw.Close() })
 	return &fixture{
-		name: name, sem: s,
+		name: name, sem: s, resize: s.Resize,
 		inventory: func() reconciler.Inventory { return s.Inventory() },
 		publish: func(t testing.TB, b []byte) {
 			t.Helper()
@@ -435,5 +436,63 @@ func BenchmarkRepair10k(b *testing.B) {
 		}
 		b.ReportMetric(float64(r.Census.Milliseconds()), "census-ms")
 		b.ReportMetric(float64(r.Repair.Milliseconds()), "repair-ms")
+	}
+}
+
+// TestResize grows a semaphore, then shrinks it while permits are held:
+// holders keep their permits, admission never exceeds max(old, new), and
+// once they release exactly the new number of permits remains.
+func TestResize(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := context.Background()
+			f := be.new(t, "resize", 3, nil)
+			r, err := f.resize(ctx, 5)
+			if err != nil || !r.Healthy || r.Issued != 2 {
+				t.Fatalf("grow 3 -> 5: %+v %v", r, err)
+			}
+			if n := f.usable(t); n != 5 {
+				t.Fatalf("%d usable after growing to 5", n)
+			}
+			var held []tokensem.Permit
+			for range 4 {
+				p, err := f.sem.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, p)
+			}
+			r, err = f.resize(ctx, 2)
+			if err != nil || !r.Healthy {
+				t.Fatalf("shrink 5 -> 2 with 4 held: %+v %v", r, err)
+			}
+			for _, p := range held {
+				if p.Err() != nil {
+					t.Fatalf("a holder lost its permit to the shrink: %v", p.Err())
+				}
+			}
+			extra := f.usable(t) // at most the one unheld old slot
+			if len(held)+extra > 5 {
+				t.Fatalf("%d held + %d more during the shrink > max(5, 2)", len(held), extra)
+			}
+			for _, p := range held {
+				if err := p.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := f.usable(t); n != 2 {
+				t.Fatalf("%d usable after the shrink settled, want 2", n)
+			}
+			if r := run(t, f, true); !r.Healthy || r.Permits != 2 {
+				t.Fatalf("after the shrink: %+v", r)
+			}
+			st, err := f.sem.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Tokens != 2 || st.Permits != 2 || !st.Healthy {
+				t.Fatalf("status after the shrink: %+v", st)
+			}
+		})
 	}
 }

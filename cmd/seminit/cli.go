@@ -39,6 +39,7 @@ Usage:
   seminit status   --name NAME
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL]
+  seminit resize   --name NAME --permits M
 
 Flags common to init, status and exec:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS
@@ -117,6 +118,7 @@ var commands = map[string]command{
 	"status":    {"show a semaphore's census", runStatus},
 	"exec":      {"run a command while holding a permit", runExec},
 	"reconcile": {"recount tokens and repair duplicates, losses and junk", runReconcile},
+	"resize":    {"change the number of permits live", runResize},
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -100,3 +100,27 @@ func TestReconcileAMQP(t *testing.T) {
 		t.Fatalf("status after the repair: %+v", st)
 	}
 }
+
+// TestResizeCLI grows then shrinks a semaphore with seminit resize on every
+// broker.
+func TestResizeCLI(t *testing.T) {
+	forEachBroker(t, func(t *testing.T, b broker) {
+		name := uniqueName(t)
+		b.mustInit(t, name, 2)
+		if r := b.seminit(t, "resize", "--name", name, "--permits", "4"); r.code != exitOK || !strings.Contains(r.stdout, "issued 2") {
+			t.Fatalf("resize 2 -> 4: %v", r)
+		}
+		if _, st := b.statusJSON(t, name); st.Permits != 4 || st.Tokens != 4 || !st.Healthy {
+			t.Fatalf("after growing: %+v", st)
+		}
+		if r := b.seminit(t, "resize", "--name", name, "--permits", "1"); r.code != exitOK {
+			t.Fatalf("resize 4 -> 1: %v", r)
+		}
+		if _, st := b.statusJSON(t, name); st.Permits != 1 || st.Tokens != 1 || !st.Healthy {
+			t.Fatalf("after shrinking: %+v", st)
+		}
+		if r := b.seminit(t, "resize", "--name", name, "--permits", "0"); r.code != exitUsage {
+			t.Fatalf("resize to 0: %v, want 64", r)
+		}
+	})
+}
