@@ -13,10 +13,13 @@ import (
 // Status takes a census. RabbitMQ cannot show a queued message without
 // delivering it, so the census takes every ready token with basic.get,
 // reads it, and requeues them all (they are unavailable for that instant,
-// and go to the back of the queue). Held tokens cannot be read at all; their
-// slots are known from the claim queues (a holder keeps an exclusive
-// consumer on its slot's claim queue, so a passive declare shows one
-// consumer). A token being claimed at the very moment of the census is seen
+// and go to the back of the queue). Held tokens cannot be read at all; the
+// slots without a ready token are looked up in their claim queues (a holder
+// keeps an exclusive consumer on its slot's claim queue, so a passive
+// declare shows one consumer). Above fullClaimCensus permits only the slots
+// without a ready token are looked up, so a ready copy of a held slot shows
+// as a duplicate only once the holder releases; the claim refuses it
+// meanwhile. A token being claimed at the very moment of the census is seen
 // neither ready nor held, so it may show as missing for that one census.
 //
 // Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
@@ -37,7 +40,7 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	held, err := s.readClaims(ctx, cfg.Permits)
+	held, err := s.readClaims(ctx, s.unaccounted(ready, cfg))
 	if err != nil {
 		return tokensem.Status{}, err
 	}
@@ -132,8 +135,11 @@ func (s *Semaphore) takeReady(ctx context.Context, ch *amqp.Channel) ([]amqp.Del
 	return ds, q.Consumers, nil
 }
 
-// readClaims returns the slots whose claim queue exists.
-func (s *Semaphore) readClaims(ctx context.Context, permits int) ([]int, error) {
+// readClaims returns which of the given slots are held (their claim queue
+// has a consumer). Looking up a never-claimed slot costs a channel (the
+// broker closes it with 404), so callers pass only the slots they could not
+// account for otherwise.
+func (s *Semaphore) readClaims(ctx context.Context, slots []int) ([]int, error) {
 	var held []int
 	var ch *amqp.Channel
 	defer func() {
@@ -141,7 +147,7 @@ func (s *Semaphore) readClaims(ctx context.Context, permits int) ([]int, error) 
 			_ = ch.Close()
 		}
 	}()
-	for i := 0; i < permits; i++ {
+	for _, i := range slots {
 		if ch == nil || ch.IsClosed() {
 			var err error
 			if ch, _, err = s.c.channel(ctx); err != nil {
@@ -164,4 +170,37 @@ func (s *Semaphore) readClaims(ctx context.Context, permits int) ([]int, error) 
 		}
 	}
 	return held, nil
+}
+
+// fullClaimCensus is the largest semaphore whose census looks up every
+// slot's claim queue; larger ones look up only the slots with no ready
+// token (a held or missing slot), so a ready copy of a held slot waits for
+// its holder's release to be found.
+const fullClaimCensus = 128
+
+// unaccounted returns the slots whose claim queue the census looks up: all
+// of them for small semaphores, else those in [0, permits) with no valid
+// ready token, each either held or missing, which only its claim queue can
+// tell.
+func (s *Semaphore) unaccounted(ready [][]byte, cfg config) []int {
+	if cfg.Permits <= fullClaimCensus {
+		all := make([]int, cfg.Permits)
+		for i := range all {
+			all[i] = i
+		}
+		return all
+	}
+	seen := make([]bool, cfg.Permits)
+	for _, b := range ready {
+		if tok, err := s.codec.Decode(b); err == nil && tok.Semaphore == s.name && tok.Epoch == cfg.Epoch && tok.Index < cfg.Permits {
+			seen[tok.Index] = true
+		}
+	}
+	var out []int
+	for i, ok := range seen {
+		if !ok {
+			out = append(out, i)
+		}
+	}
+	return out
 }

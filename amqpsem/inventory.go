@@ -22,9 +22,10 @@ var _ reconciler.Inventory = (*Inventory)(nil)
 // own and keeps them unacked until the run ends: Remove acknowledges the
 // chosen ones, and the end of the run (or the next census) requeues the
 // rest; if the reconciler dies, the broker requeues them. Held tokens
-// cannot be read at all; their slots are known from the claim queues, so
-// the census reports them as held and unseen (reconciler.Census.HeldUnseen)
-// and every ready copy of a held slot is surplus. A slot is proven absent
+// cannot be read at all: the slots without a ready token are looked up in
+// their claim queues, and the census reports the held ones as held and
+// unseen (reconciler.Census.HeldUnseen). A ready copy of a held slot is
+// found once its holder releases (the claim refuses it meanwhile). A slot is proven absent
 // when no ready token and no claim names it, under the creation lock, which
 // also keeps two reconcilers from issuing at once. A token that a waiter
 // received but has not claimed yet is invisible for that instant: issuing
@@ -90,7 +91,11 @@ func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
 	inv.mu.Lock()
 	inv.ch, inv.cfg = ch, cfg
 	inv.mu.Unlock()
-	held, err := s.readClaims(ctx, cfg.Permits)
+	bodies := make([][]byte, len(ds))
+	for i, d := range ds {
+		bodies[i] = d.Body
+	}
+	held, err := s.readClaims(ctx, s.unaccounted(bodies, cfg))
 	if err != nil {
 		return reconciler.Census{}, err
 	}

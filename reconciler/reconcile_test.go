@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -286,6 +287,9 @@ func TestRepair(t *testing.T) {
 					t.Fatalf("report-only run called the damaged semaphore healthy: %+v", report)
 				}
 				tc.check(t, report)
+				if st, err := f.sem.Status(context.Background()); err != nil || st.Healthy {
+					t.Fatalf("status did not report the damage: %+v %v", st, err)
+				}
 				if again := run(t, f, false); again.Healthy {
 					t.Fatal("a report-only run repaired something")
 				}
@@ -492,6 +496,86 @@ func TestResize(t *testing.T) {
 			}
 			if st.Tokens != 2 || st.Permits != 2 || !st.Healthy {
 				t.Fatalf("status after the shrink: %+v", st)
+			}
+		})
+	}
+}
+
+// BenchmarkCensus10kAMQP measures a census of N = 10,000 on RabbitMQ
+// (every ready token taken and requeued, the claim queues of the slots
+// without one looked up) and a repair of 100 losses. It runs only with
+// TOKENSEM_BENCH_LARGE=1: on the 2-core development machine, RabbitMQ
+// 3.10.8 stopped answering during it (a census channel holding 10,000
+// unacked deliveries took over 70 s to close).
+func BenchmarkCensus10kAMQP(b *testing.B) {
+	if os.Getenv("TOKENSEM_BENCH_LARGE") != "1" {
+		b.Skip("set TOKENSEM_BENCH_LARGE=1 to run")
+	}
+	f := newAMQP(b, "census-10k", 10_000, nil)
+	raw, err := amqp.Dial(rabbit.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
+	for b.Loop() {
+		b.StopTimer()
+		ch, err := raw.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for range 100 { // lose 100 tokens
+			d, ok, err := ch.Get(amqpsem.QueueName(f.name), false)
+			if err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+			if err := d.Ack(false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = ch.Close()
+		b.StartTimer()
+		r, err := reconciler.Run(context.Background(), f.inventory(), true)
+		if err != nil || !r.Healthy || r.Issued != 100 {
+			b.Fatalf("repair: %+v %v", r, err)
+		}
+		b.ReportMetric(float64(r.Census.Milliseconds()), "census-ms")
+		b.ReportMetric(float64(r.Repair.Milliseconds()), "repair-ms")
+	}
+}
+
+// TestWatch: the long-running loop repairs damage that appears while it
+// runs, and stops with its context.
+func TestWatch(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			f := be.new(t, "watch", 2, nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			reports := make(chan reconciler.Report, 100)
+			done := make(chan error, 1)
+			go func() {
+				done <- reconciler.Watch(ctx, f.inventory(), 50*time.Millisecond, true, func(r reconciler.Report, err error) {
+					if err == nil {
+						select {
+						case reports <- r:
+						default:
+						}
+					}
+				})
+			}()
+			<-reports
+			f.publish(t, []byte("junk that appears later"))
+			deadline := time.After(10 * time.Second)
+			for repaired := false; !repaired; {
+				select {
+				case r := <-reports:
+					repaired = r.Removed == 1 && r.Healthy
+				case <-deadline:
+					t.Fatal("the watch never removed the junk")
+				}
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("Watch returned %v, want context.Canceled", err)
 			}
 		})
 	}
