@@ -39,7 +39,7 @@ Usage:
   seminit status   --name NAME
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL]
-  seminit resize   --name NAME --permits M
+  seminit resize   --name NAME --permits M [--step K] [--interval DUR]
 
 Flags common to init, status and exec:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS

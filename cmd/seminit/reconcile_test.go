@@ -124,3 +124,23 @@ func TestResizeCLI(t *testing.T) {
 		}
 	})
 }
+
+// TestResizeSteps: --step limits the rate of change; each step is a
+// healthy semaphore of the intermediate size.
+func TestResizeSteps(t *testing.T) {
+	b := natsBroker()
+	name := uniqueName(t)
+	b.mustInit(t, name, 1)
+	r := b.seminit(t, "resize", "--name", name, "--permits", "6", "--step", "2", "--interval", "10ms")
+	if r.code != exitOK {
+		t.Fatalf("stepped resize: %v", r)
+	}
+	for _, want := range []string{": 3 permits", ": 5 permits", ": 6 permits"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("stepped resize 1 -> 6 by 2: output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if _, st := b.statusJSON(t, name); st.Permits != 6 || st.Tokens != 6 || !st.Healthy {
+		t.Fatalf("after the stepped resize: %+v", st)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/reconciler"
@@ -25,8 +26,13 @@ func runResize(ctx context.Context, e env, args []string) error {
 	g.register(fs)
 	name := fs.String("name", "", "semaphore name")
 	permits := fs.Int("permits", 0, "new number of permits (M > 0)")
+	step := fs.Int("step", 0, "change by at most K permits at a time (default: all at once)")
+	interval := fs.Duration("interval", 5*time.Second, "pause between steps")
 	if err := parse(fs, args, false); err != nil {
 		return err
+	}
+	if *step < 0 || *interval < 0 {
+		return usageErr{errors.New("--step and --interval must not be negative")}
 	}
 	if err := requireName(*name); err != nil {
 		return err
@@ -43,15 +49,41 @@ func runResize(ctx context.Context, e env, args []string) error {
 	if !ok {
 		return usageErr{errors.New("this backend cannot resize")}
 	}
-	rctx, cancel := context.WithTimeout(ctx, g.opTimeout())
-	defer cancel()
-	r, err := rs.Resize(rctx, *permits)
-	if err != nil {
-		return classify(err)
+	current := *permits
+	if p, ok := s.(interface{ Permits() int }); ok {
+		current = p.Permits()
 	}
-	printReport(e, &g, *name, r)
-	if !r.Healthy {
-		return exitCodeErr{code: exitFailure, err: fmt.Errorf("%s is not healthy after the resize", *name)}
+	for {
+		next := stepToward(current, *permits, *step)
+		rctx, cancel := context.WithTimeout(ctx, g.opTimeout())
+		r, err := rs.Resize(rctx, next)
+		cancel()
+		if err != nil {
+			return classify(err)
+		}
+		printReport(e, &g, *name, r)
+		if !r.Healthy {
+			return exitCodeErr{code: exitFailure, err: fmt.Errorf("%s is not healthy after resizing to %d", *name, next)}
+		}
+		if current = next; current == *permits {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return exitCodeErr{code: signalExit(ctx), err: fmt.Errorf("interrupted at %d permits", current)}
+		case <-time.After(*interval):
+		}
 	}
-	return nil
+}
+
+// stepToward moves from by at most step (0: no limit) toward to.
+func stepToward(from, to, step int) int {
+	switch {
+	case step <= 0, from == to:
+		return to
+	case to > from:
+		return min(to, from+step)
+	default:
+		return max(to, from-step)
+	}
 }
