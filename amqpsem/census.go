@@ -3,11 +3,11 @@ package amqpsem
 import (
 	"context"
 	"fmt"
-	"sort"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Status takes a census. RabbitMQ cannot show a queued message without
@@ -32,9 +32,7 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	s.mu.Lock()
-	s.cfg = cfg
-	s.mu.Unlock()
+	s.setConfig(cfg)
 
 	ready, waiting, err := s.readReady(ctx)
 	if err != nil {
@@ -44,42 +42,26 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
+	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true}
+	for _, b := range ready {
+		c.Entries = append(c.Entries, reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, b))
+	}
+	f := reconciler.Analyze(c)
 	st := tokensem.Status{
 		Name: s.name, Backend: "amqp", Queue: QueueName(s.name), Permits: cfg.Permits, Epoch: cfg.Epoch,
-		Waiting: waiting, Duplicate: []int{}, Missing: []int{},
+		Tokens: len(ready) + len(held), Available: f.Valid, Held: len(held), Waiting: waiting,
+		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
+		Healthy: f.Healthy(c),
 	}
-	count := make(map[int]int, cfg.Permits)
-	for _, b := range ready {
-		tok, err := s.codec.Decode(b)
-		if err != nil || tok.Semaphore != s.name || tok.Epoch != cfg.Epoch || tok.Index >= cfg.Permits {
-			st.Invalid++
-			continue
-		}
-		count[tok.Index]++
-		st.Available++
-	}
-	for _, idx := range held {
-		count[idx]++
+	for _, idx := range held { // readClaims returns them in index order
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx})
 	}
-	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].Index < st.Holders[j].Index })
-	st.Held = len(held)
 	if cfg.QueueType == Quorum {
 		// A quorum queue counts as a consumer everyone holding an unacked
 		// token of it (basic.get or a cancelled consumer alike): measured on
 		// 3.10.8. Each holder holds exactly one.
 		st.Waiting = max(0, waiting-len(held))
 	}
-	st.Tokens = len(ready) + len(held)
-	for i := 0; i < cfg.Permits; i++ {
-		switch n := count[i]; {
-		case n == 0:
-			st.Missing = append(st.Missing, i)
-		case n > 1:
-			st.Duplicate = append(st.Duplicate, i)
-		}
-	}
-	st.Healthy = st.Tokens == cfg.Permits && len(st.Duplicate) == 0 && len(st.Missing) == 0 && st.Invalid == 0
 	return st, nil
 }
 
@@ -192,8 +174,8 @@ func (s *Semaphore) unaccounted(ready [][]byte, cfg config) []int {
 	}
 	seen := make([]bool, cfg.Permits)
 	for _, b := range ready {
-		if tok, err := s.codec.Decode(b); err == nil && tok.Semaphore == s.name && tok.Epoch == cfg.Epoch && tok.Index < cfg.Permits {
-			seen[tok.Index] = true
+		if e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, b); e.Valid {
+			seen[e.Token.Index] = true
 		}
 	}
 	var out []int

@@ -102,20 +102,8 @@ func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
 	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true,
 		Entries: make([]reconciler.Entry, 0, len(ds))}
 	for _, d := range ds {
-		e := reconciler.Entry{Ref: strconv.FormatUint(d.DeliveryTag, 10)}
-		tok, err := s.codec.Decode(d.Body)
-		switch {
-		case errors.Is(err, tokensem.ErrForgedToken):
-			e.Reason = "forged"
-		case err != nil:
-			e.Reason = "junk"
-		case tok.Semaphore != s.name:
-			e.Token, e.Reason = tok, "foreign"
-		case tok.Epoch != cfg.Epoch || tok.Index >= cfg.Permits:
-			e.Token, e.Reason = tok, "retired"
-		default:
-			e.Token, e.Valid = tok, true
-		}
+		e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, d.Body)
+		e.Ref = strconv.FormatUint(d.DeliveryTag, 10)
 		c.Entries = append(c.Entries, e)
 	}
 	return c, nil

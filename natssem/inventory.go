@@ -67,20 +67,10 @@ func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
 	}
 	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, Entries: make([]reconciler.Entry, 0, len(msgs))}
 	for _, m := range msgs {
-		e := reconciler.Entry{Ref: strconv.FormatUint(m.Seq, 10)}
-		tok, err := s.codec.Decode(m.Data)
-		switch {
-		case errors.Is(err, tokensem.ErrForgedToken):
-			e.Reason = "forged"
-		case err != nil:
-			e.Reason = "junk"
-		case tok.Semaphore != s.name:
-			e.Token, e.Reason = tok, "foreign"
-		case tok.Epoch != cfg.Epoch || tok.Index >= cfg.Permits:
-			e.Token, e.Reason = tok, "retired"
-		default:
-			e.Token, e.Valid = tok, true
-			sl, held := live(tok.Index)
+		e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, m.Data)
+		e.Ref = strconv.FormatUint(m.Seq, 10)
+		if e.Valid {
+			sl, held := live(e.Token.Index)
 			e.Held = held && sl.rec.Seq == m.Seq
 		}
 		c.Entries = append(c.Entries, e)

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"errors"
 	"slices"
 
 	"github.com/tokensem/tokensem"
@@ -88,4 +89,25 @@ func Analyze(c Census) Findings {
 		}
 	}
 	return f
+}
+
+// Classify parses one token message against a semaphore's current
+// definition and returns its Entry (Ref and Held left for the caller): a
+// valid token, or the reason it is not one — "forged" (bad or missing
+// signature under the codec's key), "junk" (does not parse), "foreign" (of
+// another semaphore) or "retired" (index >= permits, or another epoch).
+func Classify(codec tokensem.Codec, semaphore string, permits int, epoch uint64, data []byte) Entry {
+	tok, err := codec.Decode(data)
+	switch {
+	case errors.Is(err, tokensem.ErrForgedToken):
+		return Entry{Reason: "forged"}
+	case err != nil:
+		return Entry{Reason: "junk"}
+	case tok.Semaphore != semaphore:
+		return Entry{Token: tok, Reason: "foreign"}
+	case tok.Epoch != epoch || tok.Index >= permits:
+		return Entry{Token: tok, Reason: "retired"}
+	default:
+		return Entry{Token: tok, Valid: true}
+	}
 }
