@@ -18,12 +18,22 @@ if ! rabbitmqctl -q status >/dev/null 2>&1; then
 	export ERL_EPMD_ADDRESS=127.0.0.1
 	# No busy-waiting schedulers: they would eat a core of a 2-core machine.
 	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
+	# A disk alarm blocks every publisher until it clears; CI machines
+	# can run low on disk while the race-enabled test binaries build, and
+	# the default limit (50MB) would then stall the tests, not fail them.
+	conf=/etc/rabbitmq/tokensem-ci.conf
+	mkdir -p /etc/rabbitmq
+	echo "disk_free_limit.absolute = 8MB" >"$conf"
+	chmod 644 "$conf"
+	export RABBITMQ_CONFIG_FILE=$conf
 	rabbitmq-server -detached >&2
 fi
 # -detached returns before the node registers with epmd, and await_startup
 # fails at once for a node that is not running yet: poll.
 for _ in $(seq 1 120); do
 	if rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; then
+		df -h / /var/lib/rabbitmq >&2 || true
+		rabbitmq-diagnostics -q alarms >&2 || true
 		echo "$url"
 		exit 0
 	fi

@@ -66,7 +66,7 @@ func (s *Semaphore) writeConfig(ctx context.Context, ch *amqp.Channel, cfg confi
 		}
 		pending = append(pending, dc)
 	}
-	return waitConfirms(ctx, pending)
+	return s.c.waitConfirms(ctx, pending)
 }
 
 // readConfig reads the stored configuration. An empty config queue means

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -21,6 +22,11 @@ var ErrAuth = errors.New("amqpsem: credentials refused")
 
 // ErrUnreachable wraps a broker that could not be reached.
 var ErrUnreachable = errors.New("amqpsem: broker unreachable")
+
+// ErrBlocked wraps a publish that did not complete while the broker was
+// blocking publishers on the connection (connection.blocked: a memory or
+// disk alarm; the reason is in the error).
+var ErrBlocked = errors.New("amqpsem: the broker blocks publishing")
 
 // DefaultHeartbeat is the AMQP heartbeat Dial asks for. RabbitMQ drops a
 // silent client after about two heartbeats and requeues its tokens; the
@@ -60,8 +66,9 @@ type Conn struct {
 type session struct {
 	conn    *amqp.Connection
 	sock    net.Conn
-	lost    chan struct{} // closed when this connection is gone
-	version string        // server version, e.g. "3.10.8"
+	lost    chan struct{}          // closed when this connection is gone
+	version string                 // server version, e.g. "3.10.8"
+	blocked atomic.Pointer[string] // the broker's reason while it blocks publishing
 }
 
 // DialOption configures Dial.
@@ -154,7 +161,57 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 	if v, ok := conn.Properties["version"].(string); ok {
 		s.version = v
 	}
+	// amqp091 delivers connection.blocked notices synchronously from its
+	// reader and closes the channel when the connection ends.
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		for b := range blocks {
+			if b.Active {
+				reason := b.Reason
+				s.blocked.Store(&reason)
+				c.log.Warn("the broker blocks publishing on this connection", "reason", reason)
+			} else {
+				s.blocked.Store(nil)
+				c.log.Info("the broker unblocked publishing")
+			}
+		}
+	}()
 	return s, nil
+}
+
+// waitConfirms waits for publisher confirms. A wait cut short while the
+// broker blocks publishing says so (ErrBlocked).
+func (c *Conn) waitConfirms(ctx context.Context, pending []*amqp.DeferredConfirmation) error {
+	for _, dc := range pending {
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			if reason := c.blockedReason(); reason != "" {
+				return fmt.Errorf("%w (%s): waiting for a publisher confirm: %w", ErrBlocked, reason, err)
+			}
+			return fmt.Errorf("amqpsem: waiting for a publisher confirm: %w", err)
+		}
+		if !ok {
+			return errors.New("amqpsem: the broker refused (nacked) a publish")
+		}
+	}
+	return nil
+}
+
+// blockedReason returns why the broker blocks publishing on the current
+// connection, or "".
+func (c *Conn) blockedReason() string {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	if s == nil {
+		return ""
+	}
+	if r := s.blocked.Load(); r != nil {
+		return *r
+	}
+	return ""
 }
 
 // supervise watches one connection at a time and replaces it when it dies.
@@ -222,7 +279,13 @@ func (c *Conn) watch(s *session) {
 				}
 				lastOK = sent
 			case <-deadline.C:
-				c.log.Warn("amqp connection silent for 1.5 heartbeats; dropping it", "heartbeat", hb)
+				attrs := []any{"heartbeat", hb}
+				if r := s.blocked.Load(); r != nil {
+					// A blocked connection that published is not read by
+					// the broker until the alarm clears.
+					attrs = append(attrs, "blocked", *r)
+				}
+				c.log.Warn("amqp connection silent for 1.5 heartbeats; dropping it", attrs...)
 				_ = s.sock.Close()
 				<-ok
 				return

@@ -156,7 +156,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if err != nil {
 		return fmt.Errorf("amqpsem: issue slot %d: %w", index, err)
 	}
-	if err := waitConfirms(ctx, []*amqp.DeferredConfirmation{dc}); err != nil {
+	if err := s.c.waitConfirms(ctx, []*amqp.DeferredConfirmation{dc}); err != nil {
 		return err
 	}
 	s.log.Info("issued a token for a missing slot", "index", index)

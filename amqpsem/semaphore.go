@@ -319,7 +319,7 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 			}
 			pending = append(pending, dc)
 		}
-		if err := waitConfirms(ctx, pending); err != nil {
+		if err := s.c.waitConfirms(ctx, pending); err != nil {
 			return config{}, err
 		}
 	}
@@ -328,19 +328,6 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 	}
 	s.log.Info("semaphore created", "permits", permits, "queue_type", cfg.QueueType, "server", sess.version)
 	return cfg, nil
-}
-
-func waitConfirms(ctx context.Context, pending []*amqp.DeferredConfirmation) error {
-	for _, dc := range pending {
-		ok, err := dc.WaitContext(ctx)
-		if err != nil {
-			return fmt.Errorf("amqpsem: waiting for a publisher confirm: %w", err)
-		}
-		if !ok {
-			return errors.New("amqpsem: the broker refused (nacked) a token")
-		}
-	}
-	return nil
 }
 
 // Name returns the semaphore's name.

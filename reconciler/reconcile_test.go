@@ -81,7 +81,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 	if key != nil {
 		opts = append(opts, natssem.WithKey(key))
 	}
-	s, err := natssem.Init(context.Background(), nc, name, permits, opts...)
+	s, err := natssem.Init(bounded(t), nc, name, permits, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,24 +95,24 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 		inventory: func() reconciler.Inventory { return s.Inventory() },
 		publish: func(t testing.TB, b []byte) {
 			t.Helper()
-			if _, err := js.Publish(context.Background(), natssem.Subject(name), b); err != nil {
+			if _, err := js.Publish(bounded(t), natssem.Subject(name), b); err != nil {
 				t.Fatal(err)
 			}
 		},
 		deleteToken: func(t testing.TB, index int) {
 			t.Helper()
-			c, err := s.Inventory().Census(context.Background())
+			c, err := s.Inventory().Census(bounded(t))
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, e := range c.Entries {
 				if e.Valid && e.Token.Index == index {
 					seq, _ := strconv.ParseUint(e.Ref, 10, 64)
-					stream, err := js.Stream(context.Background(), natssem.StreamName(name))
+					stream, err := js.Stream(bounded(t), natssem.StreamName(name))
 					if err != nil {
 						t.Fatal(err)
 					}
-					if err := stream.DeleteMsg(context.Background(), seq); err != nil {
+					if err := stream.DeleteMsg(bounded(t), seq); err != nil {
 						t.Fatal(err)
 					}
 					return
@@ -132,7 +132,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 		t.Skipf("no RabbitMQ: %v", rabbitErr)
 	}
 	name += "-" + runID
-	c, err := amqpsem.Dial(context.Background(), rabbit.URL)
+	c, err := amqpsem.Dial(bounded(t), rabbit.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 	if key != nil {
 		opts = append(opts, amqpsem.WithKey(key))
 	}
-	s, err := amqpsem.Init(context.Background(), c, name, permits, opts...)
+	s, err := amqpsem.Init(bounded(t), c, name, permits, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,12 +164,12 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 			if err := ch.Confirm(false); err != nil {
 				t.Fatal(err)
 			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", amqpsem.QueueName(name), true, false,
+			dc, err := ch.PublishWithDeferredConfirmWithContext(bounded(t), "", amqpsem.QueueName(name), true, false,
 				amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+			if ok, err := dc.WaitContext(bounded(t)); !ok || err != nil {
 				t.Fatalf("publish: %v %v", ok, err)
 			}
 		},
@@ -196,6 +196,17 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 	}
 }
 
+// bounded returns a context that ends with the test or after testTimeout,
+// so a broker that stops answering fails the test at the call that waited
+// instead of hanging the package until go test's own timeout.
+func bounded(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+const testTimeout = 45 * time.Second
+
 var runID = tokensem.NewToken("x", 0, 0).ID[:6]
 
 // usable takes every permit that can be had right now, returns them all, and
@@ -204,7 +215,7 @@ func (f *fixture) usable(t testing.TB) int {
 	t.Helper()
 	var ps []tokensem.Permit
 	for {
-		p, err := f.sem.TryAcquire(context.Background())
+		p, err := f.sem.TryAcquire(bounded(t))
 		if errors.Is(err, tokensem.ErrNoPermit) {
 			break
 		}
@@ -214,7 +225,7 @@ func (f *fixture) usable(t testing.TB) int {
 		ps = append(ps, p)
 	}
 	for _, p := range ps {
-		if err := p.Release(context.Background()); err != nil {
+		if err := p.Release(bounded(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -223,7 +234,7 @@ func (f *fixture) usable(t testing.TB) int {
 
 func run(t testing.TB, f *fixture, repair bool) reconciler.Report {
 	t.Helper()
-	r, err := reconciler.Run(context.Background(), f.inventory(), repair)
+	r, err := reconciler.Run(bounded(t), f.inventory(), repair)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +298,7 @@ func TestRepair(t *testing.T) {
 					t.Fatalf("report-only run called the damaged semaphore healthy: %+v", report)
 				}
 				tc.check(t, report)
-				if st, err := f.sem.Status(context.Background()); err != nil || st.Healthy {
+				if st, err := f.sem.Status(bounded(t)); err != nil || st.Healthy {
 					t.Fatalf("status did not report the damage: %+v %v", st, err)
 				}
 				if again := run(t, f, false); again.Healthy {
@@ -300,7 +311,7 @@ func TestRepair(t *testing.T) {
 				if !fixed.Healthy {
 					t.Fatalf("after repair: %+v", fixed)
 				}
-				st, err := f.sem.Status(context.Background())
+				st, err := f.sem.Status(bounded(t))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -321,7 +332,7 @@ func TestHeldDuplicate(t *testing.T) {
 	for _, be := range backends {
 		t.Run(be.name, func(t *testing.T) {
 			f := be.new(t, "held-dup", 1, nil)
-			p, err := f.sem.Acquire(context.Background())
+			p, err := f.sem.Acquire(bounded(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -334,10 +345,10 @@ func TestHeldDuplicate(t *testing.T) {
 			if p.Err() != nil {
 				t.Fatalf("holder lost its permit to the repair: %v", p.Err())
 			}
-			if _, err := f.sem.TryAcquire(context.Background()); !errors.Is(err, tokensem.ErrNoPermit) {
+			if _, err := f.sem.TryAcquire(bounded(t)); !errors.Is(err, tokensem.ErrNoPermit) {
 				t.Fatalf("second permit of N=1 after the repair: %v", err)
 			}
-			if err := p.Release(context.Background()); err != nil {
+			if err := p.Release(bounded(t)); err != nil {
 				t.Fatal(err)
 			}
 			if n := f.usable(t); n != 1 {
@@ -355,7 +366,7 @@ func TestMissingWhileHeld(t *testing.T) {
 	for _, be := range backends[:1] {
 		t.Run(be.name, func(t *testing.T) {
 			f := be.new(t, "missing-held", 1, nil)
-			p, err := f.sem.Acquire(context.Background())
+			p, err := f.sem.Acquire(bounded(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -363,7 +374,7 @@ func TestMissingWhileHeld(t *testing.T) {
 			if r := run(t, f, true); r.Issued != 0 {
 				t.Fatalf("issued a token for a slot with a live holder: %+v", r)
 			}
-			if err := p.Release(context.Background()); err != nil {
+			if err := p.Release(bounded(t)); err != nil {
 				t.Fatal(err)
 			}
 			r := run(t, f, true)
@@ -390,7 +401,7 @@ func TestConcurrentReconcilers(t *testing.T) {
 				reports := make([]reconciler.Report, 2)
 				for i := range reports {
 					wg.Go(func() {
-						r, err := reconciler.Run(context.Background(), f.inventory(), true)
+						r, err := reconciler.Run(bounded(t), f.inventory(), true)
 						if err != nil {
 							t.Error(err)
 						}
@@ -401,7 +412,7 @@ func TestConcurrentReconcilers(t *testing.T) {
 				if issued := reports[0].Issued + reports[1].Issued; issued != 2 {
 					t.Fatalf("round %d: %d tokens issued for 2 losses (%+v)", round, issued, reports)
 				}
-				st, err := f.sem.Status(context.Background())
+				st, err := f.sem.Status(bounded(t))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -418,7 +429,7 @@ func BenchmarkCensus10k(b *testing.B) {
 	f := newNATS(b, "census-10k", 10_000, nil)
 	inv := f.inventory()
 	for b.Loop() {
-		if _, err := inv.Census(context.Background()); err != nil {
+		if _, err := inv.Census(bounded(b)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -434,7 +445,7 @@ func BenchmarkRepair10k(b *testing.B) {
 			f.publish(b, tok)
 		}
 		b.StartTimer()
-		r, err := reconciler.Run(context.Background(), f.inventory(), true)
+		r, err := reconciler.Run(bounded(b), f.inventory(), true)
 		if err != nil || !r.Healthy || r.Issued != 100 || r.Removed != 100 {
 			b.Fatalf("repair: %+v %v", r, err)
 		}
@@ -449,7 +460,7 @@ func BenchmarkRepair10k(b *testing.B) {
 func TestResize(t *testing.T) {
 	for _, be := range backends {
 		t.Run(be.name, func(t *testing.T) {
-			ctx := context.Background()
+			ctx := bounded(t)
 			f := be.new(t, "resize", 3, nil)
 			r, err := f.resize(ctx, 5)
 			if err != nil || !r.Healthy || r.Issued != 2 {
@@ -534,7 +545,7 @@ func BenchmarkCensus10kAMQP(b *testing.B) {
 		}
 		_ = ch.Close()
 		b.StartTimer()
-		r, err := reconciler.Run(context.Background(), f.inventory(), true)
+		r, err := reconciler.Run(bounded(b), f.inventory(), true)
 		if err != nil || !r.Healthy || r.Issued != 100 {
 			b.Fatalf("repair: %+v %v", r, err)
 		}
@@ -549,7 +560,7 @@ func TestWatch(t *testing.T) {
 	for _, be := range backends {
 		t.Run(be.name, func(t *testing.T) {
 			f := be.new(t, "watch", 2, nil)
-			ctx, cancel := context.WithCancel(context.Background())
+			ctx, cancel := context.WithCancel(bounded(t))
 			reports := make(chan reconciler.Report, 100)
 			done := make(chan error, 1)
 			go func() {

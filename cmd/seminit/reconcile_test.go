@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,7 +35,7 @@ func TestReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, data := range []string{"junk", "t1." + name + ".0.1.0123456789abcdef0123456789abcdef."} {
-		if _, err := js.Publish(context.Background(), natssem.Subject(name), []byte(data)); err != nil {
+		if _, err := js.Publish(t.Context(), natssem.Subject(name), []byte(data)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -83,11 +84,13 @@ func TestReconcileAMQP(t *testing.T) {
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", b.prefix+name, true, false, amqp.Publishing{Body: []byte("junk")})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", b.prefix+name, true, false, amqp.Publishing{Body: []byte("junk")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
 		t.Fatalf("publish junk: %v %v", ok, err)
 	}
 	if r := b.seminit(t, "reconcile", "--name", name); r.code != exitFailure || !strings.Contains(r.stdout, "invalid 1") {
