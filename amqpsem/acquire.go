@@ -245,23 +245,33 @@ func (s *Semaphore) unreserve(index int) {
 	delete(s.held, index)
 }
 
-// fence is the quorum queue's count of earlier returns of this token plus
-// one: it grows every time the token changes hands. Classic queues do not
-// count, so it is 0 there.
+// fence is the token's fence base (zero for tokens made by Init, a later
+// generation's for tokens the reconciler issued) plus the quorum queue's
+// count of earlier returns of this message plus one: it grows every time
+// the slot changes hands, across reissues. Classic queues do not count, so
+// there it is only the base: 0 for the tokens Init made.
 func fence(d amqp.Delivery) uint64 {
+	var base uint64
+	if b, ok := d.Headers[fenceBaseHeader].(int64); ok && b > 0 {
+		base = uint64(b)
+	}
 	switch n := d.Headers["x-delivery-count"].(type) {
 	case int64:
-		return uint64(n) + 1
+		return base + uint64(n) + 1
 	case int32:
-		return uint64(n) + 1
+		return base + uint64(n) + 1
 	case int:
-		return uint64(n) + 1
+		return base + uint64(n) + 1
 	}
-	if d.Redelivered {
-		return 0
-	}
-	return 1
+	return base
 }
+
+// fenceBaseHeader carries a reissued token's fence base; fenceGenShift
+// places the generation above any delivery count.
+const (
+	fenceBaseHeader = "x-tokensem-fence-base"
+	fenceGenShift   = 40
+)
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

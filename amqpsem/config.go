@@ -27,6 +27,11 @@ type config struct {
 	KeyCheck  string `json:"key_check,omitempty"`
 	QueueType string `json:"queue_type"`
 	Created   int64  `json:"created_unix_ms"`
+	// FenceGen counts the reconcile runs that issued tokens. A token
+	// issued by run g carries the fence base g<<fenceGenShift, above every
+	// fence the slot's earlier tokens gave (each is its base plus its
+	// delivery count, far below 2^fenceGenShift).
+	FenceGen uint64 `json:"fence_gen,omitempty"`
 }
 
 const (

@@ -33,8 +33,14 @@
 // silence, before RabbitMQ (which waits about two heartbeats, measured 3 s
 // for a 1 s heartbeat on 3.10.8) requeues the tokens, so a holder whose
 // process runs learns of a loss first. Fence is the quorum queue's delivery
-// count of the token plus one; it grows every time the token changes hands
-// (classic queues do not count: Fence is 0 there).
+// count of the token plus one, on top of a fence base that a token issued
+// by the reconciler carries (a new generation per reconcile run, stored in
+// the configuration), so a slot's fences keep growing when its lost token
+// is replaced. Classic queues do not count deliveries: Fence is only the
+// base there (0 for Init's tokens). A duplicated token message (which the
+// claim keeps from admitting a second holder) counts on its own until the
+// reconciler removes it, so fences are monotonic per slot only while the
+// slot has one message.
 //
 // RabbitMQ 4.x drops a quorum-queue message silently once it has been
 // returned more than the delivery limit (default 20). Init reads the server

@@ -34,9 +34,10 @@ var _ reconciler.Inventory = (*Inventory)(nil)
 type Inventory struct {
 	s *Semaphore
 
-	mu  sync.Mutex
-	ch  *amqp.Channel // holds the ready tokens of the latest census
-	cfg config
+	mu   sync.Mutex
+	ch   *amqp.Channel // holds the ready tokens of the latest census
+	cfg  config
+	base uint64 // fence base of the tokens this run issues; 0 until the first
 }
 
 // Inventory returns the semaphore's inventory for the reconciler.
@@ -49,6 +50,9 @@ func (inv *Inventory) Lock(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	inv.mu.Lock()
+	inv.base = 0
+	inv.mu.Unlock()
 	return func() {
 		inv.release()
 		unlock()
@@ -145,6 +149,10 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
 		return err
 	}
+	base, err := inv.fenceBase(ctx, ch)
+	if err != nil {
+		return err
+	}
 	tok := tokensem.NewToken(s.name, index, cfg.Epoch)
 	b, err := s.codec.Encode(tok)
 	if err != nil {
@@ -152,6 +160,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	}
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", QueueName(s.name), true, false, amqp.Publishing{
 		DeliveryMode: amqp.Persistent, ContentType: "text/plain", MessageId: tok.ID, Body: b,
+		Headers: amqp.Table{fenceBaseHeader: int64(base)},
 	})
 	if err != nil {
 		return fmt.Errorf("amqpsem: issue slot %d: %w", index, err)
@@ -161,4 +170,32 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	}
 	s.log.Info("issued a token for a missing slot", "index", index)
 	return nil
+}
+
+// fenceBase returns the fence base of the tokens this run issues. The
+// first Issue of a run moves the stored fence generation on, so a reissued
+// slot's fences continue above its lost token's. ch is in confirm mode.
+func (inv *Inventory) fenceBase(ctx context.Context, ch *amqp.Channel) (uint64, error) {
+	inv.mu.Lock()
+	base := inv.base
+	inv.mu.Unlock()
+	if base != 0 {
+		return base, nil
+	}
+	s := inv.s
+	cfg, err := s.readConfig(ctx)
+	if err != nil {
+		return 0, err
+	}
+	cfg.FenceGen++
+	cfg.Seq++
+	if err := s.writeConfig(ctx, ch, cfg); err != nil {
+		return 0, err
+	}
+	s.setConfig(cfg)
+	base = cfg.FenceGen << fenceGenShift
+	inv.mu.Lock()
+	inv.base, inv.cfg = base, cfg
+	inv.mu.Unlock()
+	return base, nil
 }

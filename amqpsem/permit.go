@@ -61,7 +61,9 @@ func (p *Permit) run() {
 // Token returns the held token.
 func (p *Permit) Token() tokensem.Token { return p.tok }
 
-// Fence returns the token's delivery count (quorum queues; 0 on classic).
+// Fence returns the fencing number: the token's fence base plus its
+// delivery count on quorum queues; only the base (0 for Init's tokens) on
+// classic queues, which do not count deliveries.
 func (p *Permit) Fence() uint64 { return p.fence }
 
 // Done is closed when the permit is released or lost.

@@ -644,3 +644,38 @@ func TestRepairLarge(t *testing.T) {
 		})
 	}
 }
+
+// TestFenceAcrossReissue: a slot's fencing number keeps growing when its
+// token is lost and the reconciler issues a new one.
+func TestFenceAcrossReissue(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			f := be.new(t, "fence-reissue", 1, nil)
+			var last uint64
+			cycle := func() {
+				t.Helper()
+				p, err := f.sem.Acquire(bounded(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.Fence() <= last {
+					t.Fatalf("fence %d after %d", p.Fence(), last)
+				}
+				last = p.Fence()
+				if err := p.Release(bounded(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range 5 {
+				cycle()
+			}
+			f.deleteToken(t, 0)
+			if r := run(t, f, true); r.Issued != 1 || !r.Healthy {
+				t.Fatalf("reissue: %+v", r)
+			}
+			for range 3 {
+				cycle()
+			}
+		})
+	}
+}
