@@ -33,6 +33,7 @@ type Options struct {
 	Logger         *slog.Logger  // see WithLogger
 	HolderName     string        // see WithHolderName
 	RequestTimeout time.Duration // see WithRequestTimeout
+	Observer       Observer      // see WithObserver
 }
 
 // Option changes Options and rejects invalid values with an error wrapping
@@ -113,6 +114,18 @@ func WithRequestTimeout(d time.Duration) Option {
 			return fmt.Errorf("%w: request timeout %v", ErrInvalidOption, d)
 		}
 		o.RequestTimeout = d
+		return nil
+	}
+}
+
+// WithObserver sets an Observer of this client's permits (acquisitions,
+// releases, losses, renewals), for metrics. Default: none.
+func WithObserver(obs Observer) Option {
+	return func(o *Options) error {
+		if obs == nil {
+			return fmt.Errorf("%w: nil observer", ErrInvalidOption)
+		}
+		o.Observer = obs
 		return nil
 	}
 }

@@ -24,7 +24,9 @@ import (
 // Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrNotInitialized (the
 // token queue is gone), or a wrapped broker error.
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
+	start := time.Now()
 	p, err := s.acquire(ctx, false)
+	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	if err != nil {
 		return nil, err
 	}
@@ -37,7 +39,9 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 // Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a wrapped
 // broker error.
 func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
+	start := time.Now()
 	p, err := s.acquire(ctx, true)
+	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	if err != nil {
 		return nil, err
 	}

@@ -50,6 +50,10 @@ func common(opt tokensem.Option) Option {
 // WithKey sets the shared token signing key (see tokensem.WithKey).
 func WithKey(key []byte) Option { return common(tokensem.WithKey(key)) }
 
+// WithObserver reports this client's acquisitions, releases, losses and
+// renewals to o, for metrics (see package semmetrics). Default: none.
+func WithObserver(o tokensem.Observer) Option { return common(tokensem.WithObserver(o)) }
+
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option { return common(tokensem.WithLogger(l)) }
 

@@ -36,7 +36,7 @@ type Permit struct {
 
 func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.Token) *Permit {
 	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d),
-		life: permitstate.New(), stop: make(chan struct{}), exited: make(chan struct{})}
+		life: permitstate.New(s.opts.Observer, s.name, s.Permits()), stop: make(chan struct{}), exited: make(chan struct{})}
 	go p.run()
 	s.log.Debug("permit acquired", "index", tok.Index, "fence", p.fence)
 	return p

@@ -64,7 +64,7 @@ func (s *Semaphore) newPermit(w won) *Permit {
 	p := &Permit{
 		s: s, tok: w.tok, reply: w.reply, seq: w.seq, delivered: w.delivered, holder: w.holder, rec: w.rec,
 		fence: w.rev, lease: w.lease, rev: w.rev, deadline: w.sent.Add(w.lease - w.lease/5),
-		life: permitstate.New(), exited: make(chan struct{}),
+		life: permitstate.New(s.opts.Observer, s.name, s.Permits()), exited: make(chan struct{}),
 	}
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	s.log.Debug("permit acquired", "index", w.tok.Index, "fence", w.rev)
@@ -112,6 +112,9 @@ func (p *Permit) run() {
 			return
 		case <-renew.C:
 			err := p.renew()
+			if o := p.s.opts.Observer; o != nil {
+				o.Observe(tokensem.Event{Kind: tokensem.EventRenew, Semaphore: p.s.name, Permits: p.s.Permits(), Err: err})
+			}
 			switch {
 			case err == nil:
 				expire.Reset(time.Until(p.Deadline()))

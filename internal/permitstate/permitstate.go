@@ -6,6 +6,7 @@ package permitstate
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tokensem/tokensem"
 )
@@ -25,10 +26,29 @@ type State struct {
 	phase phase
 	err   error
 	done  chan struct{}
+
+	obs     tokensem.Observer // nil: none
+	event   tokensem.Event    // Semaphore and Permits, for obs
+	started time.Time
 }
 
-// New returns the state of a freshly held permit.
-func New() *State { return &State{done: make(chan struct{})} }
+// New returns the state of a freshly held permit of semaphore name (of
+// permits permits), which reports its release or loss to obs (nil: none).
+func New(obs tokensem.Observer, name string, permits int) *State {
+	return &State{done: make(chan struct{}), obs: obs, started: time.Now(),
+		event: tokensem.Event{Semaphore: name, Permits: permits}}
+}
+
+// observe reports the end of the permit; s.mu must not be held (Observe
+// may take its time).
+func (s *State) observe(kind tokensem.EventKind, err error) {
+	if s.obs == nil {
+		return
+	}
+	e := s.event
+	e.Kind, e.Held, e.Err = kind, time.Since(s.started), err
+	s.obs.Observe(e)
+}
 
 // Done is closed once the permit is released or lost.
 func (s *State) Done() <-chan struct{} { return s.done }
@@ -60,13 +80,16 @@ func (s *State) BeginRelease() error {
 // released already. It reports whether this call recorded the loss.
 func (s *State) Lose(what fmt.Stringer, cause error) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.phase != held && s.phase != releasing {
+		s.mu.Unlock()
 		return false
 	}
 	s.phase = lost
 	s.err = fmt.Errorf("%w: %s: %w", tokensem.ErrLeaseLost, what, cause)
+	err := s.err
 	close(s.done)
+	s.mu.Unlock()
+	s.observe(tokensem.EventLost, err)
 	return true
 }
 
@@ -74,11 +97,13 @@ func (s *State) Lose(what fmt.Stringer, cause error) bool {
 // instead if the permit was lost meanwhile.
 func (s *State) Released() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.phase == lost {
+		s.mu.Unlock()
 		return s.err
 	}
 	s.phase, s.err = released, tokensem.ErrReleased
 	close(s.done)
+	s.mu.Unlock()
+	s.observe(tokensem.EventRelease, nil)
 	return nil
 }

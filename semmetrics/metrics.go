@@ -1,0 +1,193 @@
+// Package semmetrics exports tokensem's events as Prometheus metrics.
+//
+// A Metrics is a tokensem.Observer: give it to a semaphore with the
+// backend's WithObserver option, and it counts this process's
+// acquisitions by outcome, the time callers waited, permits held now and
+// the semaphore's size (utilization is held / permits), renewals and lost
+// permits. ObserveReport adds a reconciler's findings and repairs, for
+// `seminit reconcile --watch` or a program running reconciler.Watch.
+//
+// Every metric has a "semaphore" label. A process that opens very many
+// semaphores (semgroup with a key per tenant) makes one series per
+// semaphore and metric; keep that in mind for the cardinality of your
+// Prometheus.
+//
+//	m, err := semmetrics.New(prometheus.DefaultRegisterer)
+//	sem, err := natssem.Open(ctx, nc, "api", natssem.WithObserver(m))
+package semmetrics
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+// DefaultWaitBuckets are the acquire-wait histogram's buckets, in seconds:
+// 100 µs to about 2 minutes.
+var DefaultWaitBuckets = prometheus.ExponentialBuckets(0.0001, 4, 11)
+
+// Metrics holds the collectors. Safe for concurrent use.
+type Metrics struct {
+	permits      *prometheus.GaugeVec
+	held         *prometheus.GaugeVec
+	wait         *prometheus.HistogramVec
+	acquisitions *prometheus.CounterVec
+	holds        *prometheus.HistogramVec
+	renewals     *prometheus.CounterVec
+	lost         *prometheus.CounterVec
+
+	runs     *prometheus.CounterVec
+	tokens   *prometheus.GaugeVec
+	findings *prometheus.GaugeVec
+	repairs  *prometheus.CounterVec
+}
+
+var _ tokensem.Observer = (*Metrics)(nil)
+
+// Option configures New.
+type Option func(*settings) error
+
+type settings struct {
+	namespace   string
+	waitBuckets []float64
+}
+
+// WithNamespace sets the metric name prefix (default "tokensem").
+func WithNamespace(ns string) Option {
+	return func(s *settings) error {
+		if ns == "" {
+			return fmt.Errorf("%w: empty metrics namespace", tokensem.ErrInvalidOption)
+		}
+		s.namespace = ns
+		return nil
+	}
+}
+
+// WithWaitBuckets sets the acquire-wait histogram's buckets, in seconds,
+// increasing (default DefaultWaitBuckets).
+func WithWaitBuckets(b []float64) Option {
+	return func(s *settings) error {
+		if len(b) == 0 {
+			return fmt.Errorf("%w: no wait buckets", tokensem.ErrInvalidOption)
+		}
+		for i := 1; i < len(b); i++ {
+			if b[i] <= b[i-1] {
+				return fmt.Errorf("%w: wait buckets must increase", tokensem.ErrInvalidOption)
+			}
+		}
+		s.waitBuckets = append([]float64(nil), b...)
+		return nil
+	}
+}
+
+// New creates the metrics and registers them with reg. It fails if reg is
+// nil or already holds metrics of the same names (use WithNamespace, or
+// share one Metrics between semaphores: it labels by semaphore).
+func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
+	if reg == nil {
+		return nil, fmt.Errorf("%w: nil registerer", tokensem.ErrInvalidOption)
+	}
+	s := settings{namespace: "tokensem", waitBuckets: DefaultWaitBuckets}
+	for _, o := range opts {
+		if err := o(&s); err != nil {
+			return nil, err
+		}
+	}
+	ns := s.namespace
+	sem := []string{"semaphore"}
+	m := &Metrics{
+		permits: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "permits",
+			Help: "The semaphore's number of permits (N), as this client last saw it."}, sem),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "permits_held",
+			Help: "Permits this process holds now."}, sem),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "acquire_wait_seconds",
+			Help: "Time spent in Acquire or TryAcquire, by outcome.", Buckets: s.waitBuckets},
+			[]string{"semaphore", "outcome"}),
+		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "acquisitions_total",
+			Help: "Acquire and TryAcquire calls by outcome: acquired, timeout, no_permit, error."},
+			[]string{"semaphore", "outcome"}),
+		holds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "hold_seconds",
+			Help: "How long permits were held, by end: released or lost.", Buckets: s.waitBuckets},
+			[]string{"semaphore", "end"}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "renewals_total",
+			Help: "Lease renewals by result: ok or error (retried until the lease runs out)."},
+			[]string{"semaphore", "result"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "permits_lost_total",
+			Help: "Held permits lost (lease expired, connection dropped, taken over)."}, sem),
+
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconcile_runs_total",
+			Help: "Reconciler runs by result: healthy, unhealthy (after the run) or error."},
+			[]string{"semaphore", "result"}),
+		tokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "reconcile_tokens",
+			Help: "Token messages the latest reconciler census found."}, sem),
+		findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "reconcile_findings",
+			Help: "What the latest reconciler census found wrong, by kind: duplicates, missing, invalid."},
+			[]string{"semaphore", "kind"}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconcile_repairs_total",
+			Help: "Reconciler repairs by action: removed (messages) or issued (tokens)."},
+			[]string{"semaphore", "action"}),
+	}
+	for _, c := range []prometheus.Collector{m.permits, m.held, m.wait, m.acquisitions, m.holds,
+		m.renewals, m.lost, m.runs, m.tokens, m.findings, m.repairs} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("semmetrics: register: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Observe records one event; it implements tokensem.Observer.
+func (m *Metrics) Observe(e tokensem.Event) {
+	if e.Permits > 0 {
+		m.permits.WithLabelValues(e.Semaphore).Set(float64(e.Permits))
+	}
+	switch e.Kind {
+	case tokensem.EventAcquire:
+		out := string(e.Outcome)
+		m.acquisitions.WithLabelValues(e.Semaphore, out).Inc()
+		m.wait.WithLabelValues(e.Semaphore, out).Observe(e.Wait.Seconds())
+		if e.Outcome == tokensem.OutcomeAcquired {
+			m.held.WithLabelValues(e.Semaphore).Inc()
+		}
+	case tokensem.EventRelease:
+		m.held.WithLabelValues(e.Semaphore).Dec()
+		m.holds.WithLabelValues(e.Semaphore, "released").Observe(e.Held.Seconds())
+	case tokensem.EventLost:
+		m.held.WithLabelValues(e.Semaphore).Dec()
+		m.lost.WithLabelValues(e.Semaphore).Inc()
+		m.holds.WithLabelValues(e.Semaphore, "lost").Observe(e.Held.Seconds())
+	case tokensem.EventRenew:
+		result := "ok"
+		if e.Err != nil {
+			result = "error"
+		}
+		m.renewals.WithLabelValues(e.Semaphore, result).Inc()
+	}
+}
+
+// ObserveReport records one reconciler run of semaphore name: its result,
+// the census's findings and the repairs. A run that failed (err) counts as
+// an error and leaves the findings of the previous run.
+func (m *Metrics) ObserveReport(name string, r reconciler.Report, err error) {
+	switch {
+	case err != nil:
+		m.runs.WithLabelValues(name, "error").Inc()
+		return
+	case r.Healthy:
+		m.runs.WithLabelValues(name, "healthy").Inc()
+	default:
+		m.runs.WithLabelValues(name, "unhealthy").Inc()
+	}
+	if r.Permits > 0 {
+		m.permits.WithLabelValues(name).Set(float64(r.Permits))
+	}
+	m.tokens.WithLabelValues(name).Set(float64(r.Tokens))
+	m.findings.WithLabelValues(name, "duplicates").Set(float64(len(r.Duplicates)))
+	m.findings.WithLabelValues(name, "missing").Set(float64(len(r.Missing)))
+	m.findings.WithLabelValues(name, "invalid").Set(float64(r.Invalid))
+	m.repairs.WithLabelValues(name, "removed").Add(float64(r.Removed))
+	m.repairs.WithLabelValues(name, "issued").Add(float64(r.Issued))
+}

@@ -1,0 +1,263 @@
+package semmetrics
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/natssem/embedded"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+var srv *embedded.Server
+
+func TestMain(m *testing.M) {
+	var err error
+	if srv, err = embedded.Start(embedded.Config{}); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	srv.Shutdown()
+	os.Exit(code)
+}
+
+func connect(t *testing.T) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestPermitMetrics drives a real semaphore through every outcome and
+// reads the metrics back.
+func TestPermitMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "metrics"
+	sem, err := natssem.Init(bounded(t), connect(t), name, 2,
+		natssem.WithLease(tokensem.MinLease), natssem.WithObserver(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+
+	p1, err := sem.Acquire(bounded(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := sem.Acquire(bounded(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sem.TryAcquire(bounded(t)); !errors.Is(err, tokensem.ErrNoPermit) {
+		t.Fatalf("TryAcquire with both held: %v", err)
+	}
+	short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	_, err = sem.Acquire(short)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire with both held: %v", err)
+	}
+	if err := p1.Release(bounded(t)); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second client whose connection dies loses its permit.
+	nc2 := connect(t)
+	sem2, err := natssem.Open(bounded(t), nc2, name, natssem.WithObserver(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem2.Close()
+	p3, err := sem2.Acquire(bounded(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc2.Close()
+	select {
+	case <-p3.Done():
+	case <-bounded(t).Done():
+		t.Fatal("the permit of a closed connection was never lost")
+	}
+	if !errors.Is(p3.Err(), tokensem.ErrLeaseLost) {
+		t.Fatalf("p3: %v", p3.Err())
+	}
+	// p2 renews every lease/3.
+	for testutil.ToFloat64(m.renewals.WithLabelValues(name, "ok")) == 0 {
+		select {
+		case <-bounded(t).Done():
+			t.Fatal("no renewal counted")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	for _, c := range []struct {
+		what string
+		c    prometheus.Collector
+		want float64
+	}{
+		{"acquired", m.acquisitions.WithLabelValues(name, "acquired"), 3},
+		{"no_permit", m.acquisitions.WithLabelValues(name, "no_permit"), 1},
+		{"timeout", m.acquisitions.WithLabelValues(name, "timeout"), 1},
+		{"held now (p2)", m.held.WithLabelValues(name), 1},
+		{"permits", m.permits.WithLabelValues(name), 2},
+		{"lost", m.lost.WithLabelValues(name), 1},
+	} {
+		if got := testutil.ToFloat64(c.c); got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.wait); n != 3 { // one series per outcome
+		t.Errorf("%d wait series, want 3", n)
+	}
+	if err := p2.Release(bounded(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.held.WithLabelValues(name)); got != 0 {
+		t.Errorf("held after every release = %v", got)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
+	}
+}
+
+// TestReconcileMetrics: a run's findings and repairs.
+func TestReconcileMetrics(t *testing.T) {
+	m, err := New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := connect(t)
+	const name = "metrics-reconcile"
+	sem, err := natssem.Init(bounded(t), nc, name, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	if err := nc.Publish(natssem.Subject(name), []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The junk is a core NATS publish: wait until the stream has it.
+	var r reconciler.Report
+	for r.Invalid == 0 {
+		r, err = reconciler.Run(bounded(t), sem.Inventory(), false)
+		m.ObserveReport(name, r, err)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := testutil.ToFloat64(m.findings.WithLabelValues(name, "invalid")); got != 1 {
+		t.Errorf("invalid finding = %v", got)
+	}
+	r, err = reconciler.Run(bounded(t), sem.Inventory(), true)
+	m.ObserveReport(name, r, err)
+	if err != nil || !r.Healthy {
+		t.Fatalf("repair: %+v %v", r, err)
+	}
+	if got := testutil.ToFloat64(m.repairs.WithLabelValues(name, "removed")); got != 1 {
+		t.Errorf("removed = %v", got)
+	}
+	if got := testutil.ToFloat64(m.runs.WithLabelValues(name, "healthy")); got != 1 {
+		t.Errorf("healthy runs = %v", got)
+	}
+	if got := testutil.ToFloat64(m.tokens.WithLabelValues(name)); got != 4 {
+		t.Errorf("tokens = %v, want 4 (the census before the repair)", got)
+	}
+	m.ObserveReport(name, reconciler.Report{}, errors.New("broker gone"))
+	if got := testutil.ToFloat64(m.runs.WithLabelValues(name, "error")); got != 1 {
+		t.Errorf("error runs = %v", got)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := New(nil); !errors.Is(err, tokensem.ErrInvalidOption) {
+		t.Errorf("nil registerer: %v", err)
+	}
+	if _, err := New(prometheus.NewRegistry(), WithWaitBuckets([]float64{1, 1})); !errors.Is(err, tokensem.ErrInvalidOption) {
+		t.Errorf("bad buckets: %v", err)
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := New(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(reg); err == nil {
+		t.Error("registering twice succeeded")
+	}
+	if _, err := New(reg, WithNamespace("other")); err != nil {
+		t.Errorf("a second namespace: %v", err)
+	}
+}
+
+// TestAMQPMetrics: the RabbitMQ backend reports through the same Observer.
+func TestAMQPMetrics(t *testing.T) {
+	b, err := rabbittest.Start(bounded(t))
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and no RabbitMQ: %v", err)
+		}
+		t.Skipf("no RabbitMQ: %v", err)
+	}
+	defer b.Stop()
+	c, err := amqpsem.Dial(bounded(t), b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m, err := New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "metrics-" + tokensem.NewToken("x", 0, 0).ID[:8]
+	sem, err := amqpsem.Init(bounded(t), c, name, 1, amqpsem.WithObserver(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	p, err := sem.Acquire(bounded(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sem.TryAcquire(bounded(t)); !errors.Is(err, tokensem.ErrNoPermit) {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	if got := testutil.ToFloat64(m.held.WithLabelValues(name)); got != 1 {
+		t.Errorf("held = %v, want 1", got)
+	}
+	if err := p.Release(bounded(t)); err != nil {
+		t.Fatal(err)
+	}
+	for what, want := range map[string]float64{"acquired": 1, "no_permit": 1} {
+		if got := testutil.ToFloat64(m.acquisitions.WithLabelValues(name, what)); got != want {
+			t.Errorf("%s = %v, want %v", what, got, want)
+		}
+	}
+	if got := testutil.ToFloat64(m.held.WithLabelValues(name)); got != 0 {
+		t.Errorf("held after release = %v", got)
+	}
+}
