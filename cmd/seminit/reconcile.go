@@ -11,6 +11,7 @@ import (
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/reconciler"
+	"github.com/tokensem/tokensem/semmetrics"
 )
 
 // runReconcile takes a census of a semaphore and, with --repair, repairs
@@ -24,6 +25,7 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 	name := fs.String("name", "", "semaphore name")
 	repair := fs.Bool("repair", false, "repair what the census finds (default: report only)")
 	watch := fs.Duration("watch", 0, "run every INTERVAL until interrupted")
+	metricsAddr := fs.String("metrics-listen", "", "with --watch: serve Prometheus metrics at http://ADDR/metrics")
 	if err := parse(fs, args, false); err != nil {
 		return err
 	}
@@ -32,6 +34,9 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 	}
 	if *watch < 0 {
 		return usageErr{errors.New("--watch must not be negative")}
+	}
+	if *metricsAddr != "" && *watch == 0 {
+		return usageErr{errors.New("--metrics-listen needs --watch")}
 	}
 	s, done, err := openSemaphore(ctx, &g, *name)
 	if err != nil {
@@ -43,7 +48,22 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 		return usageErr{fmt.Errorf("reconcile is not available for %s yet", redact(g.url))}
 	}
 	if *watch > 0 {
+		var m *semmetrics.Metrics
+		if *metricsAddr != "" {
+			reg := newRegistry()
+			if m, err = semmetrics.New(reg); err != nil {
+				return err
+			}
+			stop, err := serveMetrics(ctx, e, *metricsAddr, reg)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
 		err := reconciler.Watch(ctx, inv, *watch, *repair, func(r reconciler.Report, err error) {
+			if m != nil {
+				m.ObserveReport(*name, r, err)
+			}
 			if err != nil {
 				fmt.Fprintf(e.stderr, "seminit reconcile: %v\n", err)
 				return

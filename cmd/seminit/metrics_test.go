@@ -1,0 +1,60 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReconcileWatchMetrics: `reconcile --watch --metrics-listen` serves
+// the reconciler's runs and findings, and the process's own metrics.
+func TestReconcileWatchMetrics(t *testing.T) { forEachBroker(t, testReconcileWatchMetrics) }
+
+func testReconcileWatchMetrics(t *testing.T, b broker) {
+	name := uniqueName(t)
+	b.mustInit(t, name, 2)
+	addr, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startSeminit(t, b.env(), "reconcile", "--name", name, "--watch", "100ms", "--metrics-listen", addr)
+	want := `tokensem_reconcile_runs_total{result="healthy",semaphore="` + name + `"}`
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		body := scrape(t, "http://"+addr+"/metrics")
+		if strings.Contains(body, want) && strings.Contains(body, "go_goroutines") &&
+			strings.Contains(body, `tokensem_reconcile_tokens{semaphore="`+name+`"} 2`) {
+			break
+		}
+		if p.exited() || time.Now().After(deadline) {
+			t.Fatalf("no %s in the metrics (seminit exited: %v)\n%s\nstderr: %s", want, p.exited(), body, p.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(p.stderr.String(), "metrics on http://"+addr+"/metrics") {
+		t.Errorf("the address was not announced: %q", p.stderr.String())
+	}
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return "" // not listening yet
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestMetricsListenNeedsWatch(t *testing.T) {
+	r := natsBroker().seminit(t, "reconcile", "--name", "x", "--metrics-listen", "127.0.0.1:0")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--metrics-listen needs --watch") {
+		t.Fatalf("%v", r)
+	}
+}
