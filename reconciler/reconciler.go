@@ -1,21 +1,3 @@
-// Package reconciler recounts a semaphore's tokens and repairs what
-// brokers, operators and crashes do to them: duplicated tokens, lost tokens,
-// junk, forgeries and tokens retired by a resize. It is backend-neutral: it
-// works through an Inventory, which each backend provides.
-//
-// # Repair without raising admission
-//
-// A repair never lets more than N callers hold permits:
-//   - Invalid messages (junk, forged, foreign, retired) are removed: they
-//     admit nobody anyway.
-//   - Of the valid copies of one slot, the held one (if any) is kept and the
-//     others are removed; a slot admits one holder at a time whatever its
-//     number of copies, so removing copies only lowers admission.
-//   - A missing slot is issued only when the census proves it absent: no
-//     message for it and no live holder of it. The backend's Issue guards
-//     the proof against a change since the census (on NATS, a
-//     compare-and-set of the slot's lease record at the revision the census
-//     saw), so two reconcilers running at once cannot both issue it.
 package reconciler
 
 import (
