@@ -3,6 +3,7 @@ package tokensem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -11,15 +12,102 @@ import (
 // still returns the permit promptly.
 const ReleaseTimeout = 10 * time.Second
 
+// DoOption changes how Do acquires its permit. An invalid value makes Do
+// return an error wrapping ErrInvalidOption before it acquires anything.
+type DoOption func(*doOptions) error
+
+type doOptions struct {
+	wait     time.Duration // budget for the acquire; < 0: only ctx bounds it
+	fallback func(ctx context.Context, err error) error
+}
+
+func newDoOptions(opts []DoOption) (doOptions, error) {
+	o := doOptions{wait: -1}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return doOptions{}, err
+		}
+	}
+	return o, nil
+}
+
+// WithWait bounds how long Do waits for a permit: at most d, after which Do
+// gives up with an error wrapping ErrNoPermit (or calls the fallback, see
+// WithFallback). A d of 0 does not wait at all: Do uses TryAcquire. The
+// budget covers only the acquire; fn runs under the caller's ctx. Default:
+// no budget, Do waits until ctx ends. d must not be negative.
+func WithWait(d time.Duration) DoOption {
+	return func(o *doOptions) error {
+		if d < 0 {
+			return fmt.Errorf("%w: wait %v is negative", ErrInvalidOption, d)
+		}
+		o.wait = d
+		return nil
+	}
+}
+
+// WithFallback sets the function Do calls, instead of fn, when no permit
+// came in time: TryAcquire found none (WithWait(0)), the WithWait budget
+// ran out, ctx's deadline passed while waiting, or the broker refused
+// another waiter (ErrTooManyWaiters). It receives the caller's ctx (which
+// is already done when its deadline was the cause) and the acquire error,
+// and its result is what Do returns. It is not called when ctx is
+// cancelled, when the semaphore is closed, or on a broker error: those are
+// returned as they are. Default: no fallback, Do returns the acquire error.
+// fallback must not be nil.
+func WithFallback(fallback func(ctx context.Context, err error) error) DoOption {
+	return func(o *doOptions) error {
+		if fallback == nil {
+			return fmt.Errorf("%w: nil fallback", ErrInvalidOption)
+		}
+		o.fallback = fallback
+		return nil
+	}
+}
+
+// noPermitInTime reports whether err, the acquire error of a call under
+// ctx, means only that no permit came in time: the cases in which Do calls
+// its fallback. A deadline counts only when it is ctx's own, not the
+// timeout of a broker round trip.
+func noPermitInTime(ctx context.Context, err error) bool {
+	return errors.Is(err, ErrNoPermit) || errors.Is(err, ErrTooManyWaiters) ||
+		(errors.Is(ctx.Err(), context.DeadlineExceeded) && errors.Is(err, context.DeadlineExceeded))
+}
+
 // Do acquires a permit of s, runs fn with a context that is cancelled when
 // fn returns or the permit is lost, and releases the permit. It returns the
 // Acquire error, fn's error, and, if the permit was lost while fn ran, an
 // error wrapping ErrLeaseLost (joined with fn's error), in that order of
 // precedence. fn should stop touching the protected resource as soon as its
 // ctx is done.
-func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error) error {
-	p, err := s.Acquire(ctx)
+//
+// By default Do waits for a permit until ctx ends. WithWait gives the wait a
+// budget, after which Do returns an error wrapping ErrNoPermit; WithFallback
+// runs a function instead of failing when no permit came in time, so a caller can shed load, serve a cached answer or
+// queue the work elsewhere:
+//
+//	err := tokensem.Do(ctx, sem, render,
+//		tokensem.WithWait(200*time.Millisecond),
+//		tokensem.WithFallback(func(ctx context.Context, err error) error {
+//			return serveStale(ctx)
+//		}))
+//
+// Errors, besides those of fn and the fallback: ErrInvalidOption (a bad
+// option), ErrNoPermit (no permit within the WithWait budget), ctx.Err(),
+// ErrClosed, ErrTooManyWaiters, ErrLeaseLost, or a broker error.
+func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error, opts ...DoOption) error {
+	o, err := newDoOptions(opts)
 	if err != nil {
+		return err
+	}
+	p, err := o.acquire(ctx, s)
+	if err != nil {
+		if o.fallback != nil && noPermitInTime(ctx, err) {
+			return o.fallback(ctx, err)
+		}
 		return err
 	}
 	fctx, cancel := context.WithCancelCause(ctx)
@@ -48,3 +136,27 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error) er
 		return errors.Join(ferr, rerr)
 	}
 }
+
+// acquire takes a permit within the wait budget.
+func (o doOptions) acquire(ctx context.Context, s Semaphore) (Permit, error) {
+	switch {
+	case o.wait < 0:
+		return s.Acquire(ctx)
+	case o.wait == 0:
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return s.TryAcquire(ctx)
+	}
+	actx, cancel := context.WithTimeoutCause(ctx, o.wait, errBudget)
+	defer cancel()
+	p, err := s.Acquire(actx)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errBudget) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errBudget)) {
+		return nil, fmt.Errorf("%w within %v", ErrNoPermit, o.wait)
+	}
+	return p, err
+}
+
+// errBudget is the cause of an acquire context whose WithWait budget ran out.
+var errBudget = errors.New("tokensem: wait budget exhausted")
