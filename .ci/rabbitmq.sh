@@ -26,13 +26,24 @@ if ! rabbitmqctl -q status >/dev/null 2>&1; then
 	echo "disk_free_limit.absolute = 8MB" >"$conf"
 	chmod 644 "$conf"
 	export RABBITMQ_CONFIG_FILE=$conf
-	rabbitmq-server -detached >&2
+	# Debian's /usr/sbin/rabbitmq-server switches user with su, whose PAM
+	# session cuts the soft descriptor limit to 1024; every queue holds
+	# files, and a few hundred test queues exhausted that. Start the node
+	# as the rabbitmq user ourselves, keeping the hard limit.
+	ulimit -n "$(ulimit -Hn)"
+	if command -v setpriv >/dev/null 2>&1; then
+		(cd /var/lib/rabbitmq && HOME=/var/lib/rabbitmq setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
+			/usr/lib/rabbitmq/bin/rabbitmq-server -detached >&2)
+	else
+		rabbitmq-server -detached >&2
+	fi
 fi
 # -detached returns before the node registers with epmd, and await_startup
 # fails at once for a node that is not running yet: poll.
 for _ in $(seq 1 120); do
 	if rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; then
 		df -h / /var/lib/rabbitmq >&2 || true
+		rabbitmqctl -q status 2>/dev/null | grep -A2 -i "file descriptors" >&2 || true
 		rabbitmq-diagnostics -q alarms >&2 || true
 		echo "$url"
 		exit 0

@@ -1,0 +1,31 @@
+// Package chaos proves tokensem's safety under faults with real processes
+// and real brokers, and checks the recorded history with porcupine.
+//
+// Each scenario runs worker processes (this test binary, re-executed with
+// TOKENSEM_CHAOS_WORKER set; see RunWorker) that acquire a permit, hold it
+// for a few milliseconds and release it, over and over, each through its
+// own loopback fault proxy, and report every step with its wall-clock time
+// to a meter in the test process. Meanwhile the harness injects faults:
+// SIGKILL of a holder (a new worker takes its place), SIGSTOP/SIGCONT of a
+// holder for longer than its lease, a cut or a delay of a holder's broker
+// connection, a restart of the NATS server on the same store, the loss and
+// return of one node of a 3-node NATS cluster (stream and KV replicated 3
+// ways), and with TOKENSEM_CHAOS_RABBIT_RESTART=1 a RabbitMQ restart.
+//
+// The history is checked against Model, a per-slot fenced lock: a slot is
+// taken only while free and only with a fence above every earlier one, and
+// freed only by its holding. A hold ends at its Release call, or when its
+// holder saw the loss; a loss or a death may have freed the slot as early as
+// the fault that hit the holder (a frozen process cannot see its loss in
+// time: the fence is the remedy), but a loss with no fault must have been
+// seen before anyone else took the slot. porcupine must find the history
+// linearizable; Check also names fence regressions, slots out of range and
+// takeovers with no fault to excuse them, and counts the holders at once by
+// their own account and those whose fence was still the newest (what a
+// fenced resource accepts; never more than N). After the run one reconcile
+// must leave exactly N valid tokens, and a killed holder's slot must come
+// back within the lease plus a bound.
+//
+// TOKENSEM_CHAOS selects the profile: short (default, about 25 s per
+// scenario, in CI), long (5 minutes per scenario), or off.
+package chaos

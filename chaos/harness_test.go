@@ -1,0 +1,422 @@
+package chaos
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/tokensem/tokensem/internal/faultproxy"
+)
+
+// profile sizes a chaos run: TOKENSEM_CHAOS=long runs the long one,
+// TOKENSEM_CHAOS=off none; the short one runs by default (CI).
+type profile struct {
+	name     string
+	duration time.Duration // of fault injection, per scenario
+	workers  int
+	permits  int
+	every    time.Duration // mean time between faults
+}
+
+func chosenProfile(t *testing.T) profile {
+	switch p := os.Getenv("TOKENSEM_CHAOS"); p {
+	case "", "short":
+		return profile{name: "short", duration: 20 * time.Second, workers: 6, permits: 3, every: 700 * time.Millisecond}
+	case "long":
+		return profile{name: "long", duration: 5 * time.Minute, workers: 10, permits: 4, every: 500 * time.Millisecond}
+	case "off":
+		t.Skip("TOKENSEM_CHAOS=off")
+	default:
+		t.Fatalf("TOKENSEM_CHAOS=%q: want short, long or off", p)
+	}
+	return profile{}
+}
+
+// meter collects the workers' reports: the history.
+type meter struct {
+	ln      net.Listener
+	mu      sync.Mutex
+	reports []Report
+	holding map[int]int // worker -> slot it holds now
+	wg      sync.WaitGroup
+}
+
+func startMeter(t *testing.T) *meter {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &meter{ln: ln, holding: map[int]int{}}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					var r Report
+					if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+						continue
+					}
+					m.mu.Lock()
+					m.reports = append(m.reports, r)
+					switch r.Op {
+					case "acq":
+						m.holding[r.Worker] = r.Slot
+					case "rel", "lost":
+						delete(m.holding, r.Worker)
+					}
+					m.mu.Unlock()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); m.wg.Wait() })
+	return m
+}
+
+// holders returns the workers holding a permit now, by their reports.
+func (m *meter) holders() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ws []int
+	for w := range m.holding {
+		ws = append(ws, w)
+	}
+	sort.Ints(ws)
+	return ws
+}
+
+// worker is one worker process.
+type worker struct {
+	id, pos int
+	cmd     *exec.Cmd
+	out     strings.Builder
+	done    chan struct{}
+}
+
+// fault is a fault the harness injected into one worker, or all (-1).
+type fault struct {
+	worker int
+	at     int64
+	kind   string
+}
+
+// run is one chaos scenario: workers against one semaphore, and faults.
+type run struct {
+	t       *testing.T
+	p       profile
+	label   string // names the scenario in the log
+	backend string // "nats" or "amqp": what the workers dial
+	name    string
+	url     func(pos int) string // the broker URL of the worker at pos
+	meter   *meter
+
+	mu      sync.Mutex
+	workers map[int]*worker
+	byPos   []int // pos -> id of the current worker there
+	nextID  int
+	faults  []fault
+	kinds   map[string]int
+}
+
+func newRun(t *testing.T, p profile, label, backend, name string, url func(pos int) string) *run {
+	r := &run{t: t, p: p, label: label, backend: backend, name: name, url: url, meter: startMeter(t),
+		workers: map[int]*worker{}, byPos: make([]int, p.workers), kinds: map[string]int{}}
+	for pos := range p.workers {
+		r.start(pos)
+	}
+	t.Cleanup(r.stopAll)
+	return r
+}
+
+// start starts a worker at pos.
+func (r *run) start(pos int) {
+	r.mu.Lock()
+	id := r.nextID
+	r.nextID++
+	r.mu.Unlock()
+	w := &worker{id: id, pos: pos, done: make(chan struct{})}
+	w.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	w.cmd.Env = append(os.Environ(), WorkerEnv+"="+strconv.Itoa(id), backendEnv+"="+r.backend,
+		urlEnv+"="+r.url(pos), nameEnv+"="+r.name, meterEnv+"="+r.meter.ln.Addr().String())
+	w.cmd.Stdout, w.cmd.Stderr = &syncWriter{b: &w.out}, &syncWriter{b: &w.out}
+	if err := w.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	go func() { _ = w.cmd.Wait(); close(w.done) }()
+	r.mu.Lock()
+	r.workers[id] = w
+	r.byPos[pos] = id
+	r.mu.Unlock()
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (r *run) record(worker int, kind string) int64 {
+	at := time.Now().UnixNano()
+	r.mu.Lock()
+	r.faults = append(r.faults, fault{worker: worker, at: at, kind: kind})
+	r.kinds[kind]++
+	r.mu.Unlock()
+	return at
+}
+
+// target picks a worker that holds a permit now (else any live one).
+func (r *run) target() *worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	hs := r.meter.holders()
+	rand.Shuffle(len(hs), func(i, j int) { hs[i], hs[j] = hs[j], hs[i] })
+	for _, id := range hs {
+		if w, ok := r.workers[id]; ok && r.byPos[w.pos] == id {
+			return w
+		}
+	}
+	return r.workers[r.byPos[rand.IntN(len(r.byPos))]]
+}
+
+// kill SIGKILLs a holder and starts a new worker in its place.
+func (r *run) kill() {
+	w := r.target()
+	r.record(w.id, "kill")
+	_ = w.cmd.Process.Kill()
+	<-w.done
+	r.start(w.pos)
+}
+
+// freeze SIGSTOPs a holder for d, then lets it go on.
+func (r *run) freeze(d time.Duration) {
+	w := r.target()
+	r.record(w.id, "freeze")
+	_ = w.cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(d)
+	_ = w.cmd.Process.Signal(syscall.SIGCONT)
+}
+
+// stopAll stops every worker (SIGTERM: they release and exit).
+func (r *run) stopAll() {
+	r.mu.Lock()
+	ws := make([]*worker, 0, len(r.workers))
+	for _, w := range r.workers {
+		ws = append(ws, w)
+	}
+	r.mu.Unlock()
+	for _, w := range ws {
+		_ = w.cmd.Process.Signal(syscall.SIGCONT)
+		_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, w := range ws {
+		select {
+		case <-w.done:
+		case <-time.After(30 * time.Second):
+			_ = w.cmd.Process.Kill()
+			<-w.done
+			r.t.Errorf("worker %d did not stop on SIGTERM:\n%s", w.id, w.out.String())
+		}
+	}
+}
+
+// inject runs faults for the profile's duration, picking among kinds.
+func (r *run) inject(kinds map[string]func()) {
+	names := make([]string, 0, len(kinds))
+	for k := range kinds {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	end := time.Now().Add(r.p.duration)
+	for i := 0; time.Now().Before(end); i++ {
+		time.Sleep(r.p.every/2 + rand.N(r.p.every))
+		kinds[names[i%len(names)]]()
+	}
+}
+
+// holds assembles the history from the reports and the faults.
+func (r *run) holds() []Hold {
+	r.meter.mu.Lock()
+	reports := slices.Clone(r.meter.reports)
+	r.meter.mu.Unlock()
+	r.mu.Lock()
+	faults := slices.Clone(r.faults)
+	r.mu.Unlock()
+	open := map[int]*Hold{}
+	var out []Hold
+	for _, rep := range reports {
+		switch rep.Op {
+		case "acq":
+			open[rep.Worker] = &Hold{Worker: rep.Worker, Slot: rep.Slot, Fence: rep.Fence, Call: rep.Call, Acquired: rep.At}
+		case "rel", "lost":
+			h := open[rep.Worker]
+			if h == nil {
+				r.t.Errorf("worker %d ended a hold it never reported: %+v", rep.Worker, rep)
+				continue
+			}
+			h.End, h.Ended, h.Lost = rep.At, true, rep.Op == "lost"
+			out = append(out, *h)
+			delete(open, rep.Worker)
+		}
+	}
+	for _, h := range open {
+		out = append(out, *h)
+	}
+	for i := range out {
+		h := &out[i]
+		until := int64(1<<63 - 1)
+		if h.Ended {
+			until = h.End
+		}
+		for _, f := range faults {
+			if (f.worker == h.Worker || f.worker == -1) && f.at >= h.Call && f.at <= until {
+				h.Fault = f.at
+				break
+			}
+		}
+	}
+	return out
+}
+
+// recoveries returns, for every holder killed while holding, the time
+// until another worker held its slot.
+func recoveries(holds []Hold, faults []fault) []time.Duration {
+	var out []time.Duration
+	for _, f := range faults {
+		if f.kind != "kill" {
+			continue
+		}
+		for _, h := range holds {
+			if h.Worker != f.worker || h.Ended || h.Acquired > f.at {
+				continue
+			}
+			next := int64(0)
+			for _, o := range holds {
+				if o.Slot == h.Slot && o.Acquired > f.at && (next == 0 || o.Acquired < next) {
+					next = o.Acquired
+				}
+			}
+			if next != 0 {
+				out = append(out, time.Duration(next-f.at))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	return ds[min(len(ds)-1, int(p*float64(len(ds))))]
+}
+
+// verdict checks the history and logs the figures of the run.
+func (r *run) verdict(recoveryBound time.Duration) {
+	t := r.t
+	holds := r.holds()
+	v := Check(holds, r.p.permits, time.Minute)
+	r.mu.Lock()
+	faults := slices.Clone(r.faults)
+	kinds := fmt.Sprint(r.kinds)
+	r.mu.Unlock()
+	rec := recoveries(holds, faults)
+	lost := 0
+	for _, h := range holds {
+		if h.Lost {
+			lost++
+		}
+	}
+	t.Logf("%s/%s: %d holds (%d lost), faults %s; max holders %d, max valid holders %d (N=%d), stale overlaps %d; killed holder's slot back after p50 %v p99 %v max %v (n=%d); porcupine: %s",
+		r.label, r.p.name, len(holds), lost, kinds, v.MaxHolders, v.MaxValidHolders, r.p.permits, v.StaleOverlaps,
+		pct(rec, .5).Round(time.Millisecond), pct(rec, .99).Round(time.Millisecond), pct(rec, 1).Round(time.Millisecond), len(rec), v.Linearizable)
+	if v.Linearizable != porcupine.Ok {
+		t.Errorf("porcupine: the history is %s for a fenced semaphore of %d slots", v.Linearizable, r.p.permits)
+	}
+	for _, s := range v.Violations {
+		t.Error(s)
+	}
+	if v.MaxValidHolders > r.p.permits {
+		t.Errorf("%d valid holders at once, N=%d", v.MaxValidHolders, r.p.permits)
+	}
+	if len(holds) < 20 {
+		t.Errorf("only %d holds: the workers hardly ran", len(holds))
+	}
+	if m := pct(rec, 1); m > recoveryBound {
+		t.Errorf("a killed holder's slot came back after %v > %v", m, recoveryBound)
+	}
+	if t.Failed() {
+		r.mu.Lock()
+		for _, w := range r.workers {
+			if out := w.out.String(); out != "" {
+				t.Logf("worker %d output:\n%s", w.id, tail(out, 2000))
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// proxies puts a fault proxy in front of target for every worker position.
+func proxies(t *testing.T, n int, target string) []*faultproxy.Proxy {
+	ps := make([]*faultproxy.Proxy, n)
+	for i := range ps {
+		p, err := faultproxy.New(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		ps[i] = p
+	}
+	return ps
+}
+
+// cut drops a holder's connection.
+func (r *run) cut(ps []*faultproxy.Proxy) {
+	w := r.target()
+	r.record(w.id, "cut")
+	ps[w.pos].Cut()
+}
+
+// delay holds a holder's traffic for d.
+func (r *run) delay(ps []*faultproxy.Proxy, d time.Duration) {
+	w := r.target()
+	r.record(w.id, "delay")
+	ps[w.pos].Pause()
+	time.Sleep(d)
+	ps[w.pos].Resume()
+}

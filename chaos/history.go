@@ -1,0 +1,238 @@
+package chaos
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Hold is one permit as its holder lived it, in Unix nanoseconds of the
+// machine's clock (every process of a run is on one machine).
+type Hold struct {
+	Worker int
+	Slot   int
+	Fence  uint64
+	// Acquire's call and return.
+	Call, Acquired int64
+	// End is when the holder stopped holding: the call of its Release, or
+	// the moment it saw the permit lost. Ended false: it never said (it
+	// was killed while holding or releasing).
+	End   int64
+	Ended bool
+	// Lost: the permit ended by a loss, seen at End.
+	Lost bool
+	// Fault is when a fault the harness injected first hit this worker
+	// while it held (a kill, a freeze, a cut or delayed link, a broker
+	// restart), or 0.
+	Fault int64
+}
+
+// freeAfter is the earliest instant at which the slot may have been freed:
+// the holder's own end for a clean release, the fault that hit it for a
+// loss or a kill. A loss with no fault (a holder whose renewals failed
+// while it ran) must have been seen before anyone else took the slot: the
+// backends promise that Done closes first.
+func (h Hold) freeAfter() int64 {
+	if h.Fault != 0 && (h.Lost || !h.Ended) {
+		return h.Fault
+	}
+	return h.End
+}
+
+// freeBy is the latest instant at which the slot was free again: the end a
+// holder saw, or never for a holder that died before it could say.
+func (h Hold) freeBy() int64 {
+	if !h.Ended {
+		return math.MaxInt64
+	}
+	return h.End
+}
+
+// liveEnd is when the holder stopped being able to act as a holder: its
+// end, or its death for a killed one (Fault), or never.
+func (h Hold) liveEnd() int64 {
+	switch {
+	case h.Ended:
+		return h.End
+	case h.Fault != 0:
+		return h.Fault
+	}
+	return math.MaxInt64
+}
+
+// slotOp is an operation of the per-slot model: take the slot with a fence,
+// or free the holding of a fence.
+type slotOp struct {
+	Take  bool
+	Fence uint64
+}
+
+// slotState is one slot: who holds it (fence 0: free) and the highest fence
+// ever given.
+type slotState struct {
+	Held, Last uint64
+}
+
+// Model is the sequential specification of one slot of a fenced
+// semaphore: a slot is taken only while free and only with a fence higher
+// than any before it, and freed only by the holding it was given to. Each
+// slot is a partition, so N slots admit at most N holders at any instant of
+// a linearization.
+var Model = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		bySlot := map[int][]porcupine.Operation{}
+		for _, op := range history {
+			s := op.Metadata.(int)
+			bySlot[s] = append(bySlot[s], op)
+		}
+		keys := make([]int, 0, len(bySlot))
+		for k := range bySlot {
+			keys = append(keys, k)
+		}
+		sort.Ints(keys)
+		out := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, bySlot[k])
+		}
+		return out
+	},
+	Init: func() any { return slotState{} },
+	Step: func(state, input, _ any) (bool, any) {
+		s, op := state.(slotState), input.(slotOp)
+		if op.Take {
+			if s.Held != 0 || op.Fence <= s.Last {
+				return false, s
+			}
+			return true, slotState{Held: op.Fence, Last: op.Fence}
+		}
+		if s.Held != op.Fence {
+			return false, s
+		}
+		return true, slotState{Last: s.Last}
+	},
+	DescribeOperation: func(input, _ any) string {
+		op := input.(slotOp)
+		if op.Take {
+			return fmt.Sprintf("take fence %d", op.Fence)
+		}
+		return fmt.Sprintf("free fence %d", op.Fence)
+	},
+}
+
+// Operations turns holds into the model's history: a take over the
+// Acquire's interval, and a free from freeAfter to freeBy.
+func Operations(holds []Hold) []porcupine.Operation {
+	ops := make([]porcupine.Operation, 0, 2*len(holds))
+	for _, h := range holds {
+		ops = append(ops,
+			porcupine.Operation{ClientId: h.Worker, Input: slotOp{Take: true, Fence: h.Fence},
+				Call: h.Call, Return: h.Acquired, Metadata: h.Slot},
+			porcupine.Operation{ClientId: h.Worker, Input: slotOp{Fence: h.Fence},
+				Call: min(h.freeAfter(), h.freeBy()), Return: h.freeBy(), Metadata: h.Slot})
+	}
+	return ops
+}
+
+// Verdict is what Check found.
+type Verdict struct {
+	Linearizable porcupine.CheckResult
+	// Violations lists what broke the safety rules outright (also seen by
+	// porcupine, named here for people).
+	Violations []string
+	// MaxHolders is the most holders at once by their own account (a
+	// frozen or cut-off holder counts until it saw its loss);
+	// MaxValidHolders counts only those whose fence was still the newest
+	// of their slot (what a fenced resource would accept).
+	MaxHolders, MaxValidHolders int
+	// StaleOverlaps counts holds that a newer holder of the same slot
+	// overlapped before the old holder saw its loss: the frozen-holder
+	// window the fence is there for.
+	StaleOverlaps int
+}
+
+// Check checks holds of a semaphore of permits slots.
+func Check(holds []Hold, permits int, timeout time.Duration) Verdict {
+	var v Verdict
+	v.Linearizable = porcupine.CheckOperationsTimeout(Model, Operations(holds), timeout)
+
+	bySlot := map[int][]Hold{}
+	for _, h := range holds {
+		if h.Slot < 0 || h.Slot >= permits {
+			v.Violations = append(v.Violations, fmt.Sprintf("worker %d held slot %d of %d", h.Worker, h.Slot, permits))
+		}
+		bySlot[h.Slot] = append(bySlot[h.Slot], h)
+	}
+	for slot, hs := range bySlot {
+		slices.SortFunc(hs, func(a, b Hold) int { return cmpInt64(a.Acquired, b.Acquired) })
+		for i := 1; i < len(hs); i++ {
+			prev, cur := hs[i-1], hs[i]
+			if cur.Fence <= prev.Fence {
+				v.Violations = append(v.Violations, fmt.Sprintf("slot %d: fence %d (worker %d) after fence %d (worker %d)",
+					slot, cur.Fence, cur.Worker, prev.Fence, prev.Worker))
+			}
+			if cur.Acquired < prev.liveEnd() {
+				if cur.Acquired < prev.freeAfter() {
+					v.Violations = append(v.Violations, fmt.Sprintf("slot %d: worker %d acquired (fence %d) while worker %d held it (fence %d) with no fault to excuse it",
+						slot, cur.Worker, cur.Fence, prev.Worker, prev.Fence))
+				} else {
+					v.StaleOverlaps++
+				}
+			}
+		}
+	}
+	v.MaxHolders, v.MaxValidHolders = sweep(holds)
+	return v
+}
+
+// sweep counts concurrent holders over time.
+func sweep(holds []Hold) (all, valid int) {
+	type edge struct {
+		at    int64
+		delta int
+		h     int
+	}
+	var edges []edge
+	for i, h := range holds {
+		edges = append(edges, edge{h.Acquired, +1, i}, edge{h.liveEnd(), -1, i})
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := cmpInt64(a.at, b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta // ends before starts at one instant
+	})
+	newest := map[int]uint64{} // slot -> newest fence acquired so far
+	live := map[int]bool{}
+	for _, e := range edges {
+		h := holds[e.h]
+		if e.delta > 0 {
+			live[e.h] = true
+			newest[h.Slot] = max(newest[h.Slot], h.Fence)
+		} else {
+			delete(live, e.h)
+		}
+		n, nv := 0, 0
+		for i := range live {
+			n++
+			if holds[i].Fence == newest[holds[i].Slot] {
+				nv++
+			}
+		}
+		all, valid = max(all, n), max(valid, nv)
+	}
+	return all, valid
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
