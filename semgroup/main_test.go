@@ -1,0 +1,193 @@
+package semgroup_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/natssem/embedded"
+	"github.com/tokensem/tokensem/semgroup"
+)
+
+var (
+	srv       *embedded.Server
+	rabbit    *rabbittest.Broker
+	rabbitErr error
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if srv, err = embedded.Start(embedded.Config{}); err != nil {
+		fmt.Fprintln(os.Stderr, "embedded nats:", err)
+		os.Exit(1)
+	}
+	rabbit, rabbitErr = rabbittest.Start(context.Background())
+	code := m.Run()
+	srv.Shutdown()
+	if rabbit != nil {
+		rabbit.Stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// backends are the brokers every group test runs on: the embedded NATS
+// server, and RabbitMQ when one is reachable (required under CI=true).
+var backends = []struct {
+	name string
+	init func(t *testing.T) semgroup.InitFunc
+}{
+	{"nats", natsInit},
+	{"amqp", amqpInit},
+}
+
+func natsInit(t *testing.T) semgroup.InitFunc {
+	t.Helper()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return func(ctx context.Context, name string, permits int) (tokensem.Semaphore, error) {
+		return natssem.Init(ctx, nc, name, permits)
+	}
+}
+
+func amqpInit(t *testing.T) semgroup.InitFunc {
+	t.Helper()
+	if rabbit == nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and no RabbitMQ: %v", rabbitErr)
+		}
+		t.Skipf("no RabbitMQ: %v", rabbitErr)
+	}
+	c, err := amqpsem.Dial(bounded(t), rabbit.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return func(ctx context.Context, name string, permits int) (tokensem.Semaphore, error) {
+		return amqpsem.Init(ctx, c, name, permits)
+	}
+}
+
+// forEachBackend runs test once per broker.
+func forEachBackend(t *testing.T, test func(t *testing.T, init semgroup.InitFunc)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { test(t, b.init(t)) })
+	}
+}
+
+// runID keeps names apart across runs on a long-lived RabbitMQ.
+var runID = tokensem.NewToken("x", 0, 0).ID[:6]
+
+var prefixSeq atomic.Int64
+
+// uniquePrefix returns a name prefix no other test (or run) uses.
+func uniquePrefix() string {
+	return "g" + runID + strconv.FormatInt(prefixSeq.Add(1), 10) + "-"
+}
+
+// bounded returns a context that ends with the test or after 45 s.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// tracker wraps an InitFunc to count opens and closes per semaphore name.
+// The semaphores are real; only Close is observed on its way through.
+type tracker struct {
+	init semgroup.InitFunc
+
+	mu     sync.Mutex
+	inits  map[string]int
+	closes map[string]int
+}
+
+func track(init semgroup.InitFunc) *tracker {
+	return &tracker{init: init, inits: map[string]int{}, closes: map[string]int{}}
+}
+
+func (tr *tracker) Init(ctx context.Context, name string, permits int) (tokensem.Semaphore, error) {
+	tr.mu.Lock()
+	tr.inits[name]++
+	tr.mu.Unlock()
+	s, err := tr.init(ctx, name, permits)
+	if err != nil {
+		return nil, err
+	}
+	return &closeCounted{Semaphore: s, tr: tr, name: name}, nil
+}
+
+func (tr *tracker) counts(name string) (inits, closes int) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.inits[name], tr.closes[name]
+}
+
+func (tr *tracker) totalInits() int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	n := 0
+	for _, c := range tr.inits {
+		n += c
+	}
+	return n
+}
+
+type closeCounted struct {
+	tokensem.Semaphore
+	tr   *tracker
+	name string
+	once sync.Once
+}
+
+func (c *closeCounted) Close() error {
+	c.once.Do(func() {
+		c.tr.mu.Lock()
+		c.tr.closes[c.name]++
+		c.tr.mu.Unlock()
+	})
+	return c.Semaphore.Close()
+}
+
+// newGroup makes a group and closes it when the test ends.
+func newGroup(t *testing.T, init semgroup.InitFunc, permits int, opts ...semgroup.Option) *semgroup.Group {
+	t.Helper()
+	g, err := semgroup.New(init, permits, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	return g
+}
+
+// waitFor polls cond until it holds, failing the test after 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
