@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/natssem/embedded"
+)
+
+// natsSystem is natssem on an embedded nats-server (loopback, file store in
+// a temporary directory, R1) started by the harness.
+type natsSystem struct {
+	srv   *embedded.Server
+	probe *nats.Conn
+	js    jetstream.JetStream
+}
+
+func startNATS() (*natsSystem, error) {
+	srv, err := embedded.Start(embedded.Config{})
+	if err != nil {
+		return nil, err
+	}
+	probe, err := nats.Connect(srv.URL(), nats.Name("bench-probe"))
+	if err != nil {
+		srv.Shutdown()
+		return nil, err
+	}
+	js, err := jetstream.New(probe)
+	if err != nil {
+		probe.Close()
+		srv.Shutdown()
+		return nil, err
+	}
+	return &natsSystem{srv: srv, probe: probe, js: js}, nil
+}
+
+func (n *natsSystem) Key() string   { return "natssem" }
+func (n *natsSystem) Label() string { return "natssem" }
+
+// Version is the server version the probe connection reports.
+func (n *natsSystem) Version() string { return n.probe.ConnectedServerVersion() }
+
+func (n *natsSystem) Connect(ctx context.Context) (Client, error) {
+	nc, err := nats.Connect(n.srv.URL(), nats.Name("bench"))
+	if err != nil {
+		return nil, err
+	}
+	return natsClient{nc}, nil
+}
+
+func (n *natsSystem) Waiting(ctx context.Context, name string) (int, error) {
+	c, err := n.js.Consumer(ctx, natssem.StreamName(name), "holders")
+	if err != nil {
+		return 0, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.NumWaiting, nil
+}
+
+func (n *natsSystem) WaitersPerClient() int { return 0 }
+
+func (n *natsSystem) Cleanup(ctx context.Context, name string) {
+	_ = n.js.DeleteStream(ctx, natssem.StreamName(name))
+	_ = n.js.DeleteKeyValue(ctx, natssem.BucketName(name))
+}
+
+func (n *natsSystem) Close() {
+	n.probe.Close()
+	n.srv.Shutdown()
+}
+
+type natsClient struct{ nc *nats.Conn }
+
+func (c natsClient) Init(ctx context.Context, name string, permits, maxWaiters int) (Sem, error) {
+	opts := []natssem.Option{}
+	if maxWaiters > natssem.DefaultMaxWaiters {
+		opts = append(opts, natssem.WithMaxWaiters(maxWaiters))
+	}
+	s, err := natssem.Init(ctx, c.nc, name, permits, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return tokenSem{s: s}, nil
+}
+
+func (c natsClient) Open(ctx context.Context, name string) (Sem, error) {
+	s, err := natssem.Open(ctx, c.nc, name)
+	if err != nil {
+		return nil, err
+	}
+	return tokenSem{s: s}, nil
+}
+
+func (c natsClient) Close() error { c.nc.Close(); return nil }
+
+// rawRTT measures core-NATS request-reply round trips between a requester
+// and a responder on two connections of their own: the reference the NATS
+// targets are stated against.
+func (n *natsSystem) rawRTT(ctx context.Context, samples int) ([]time.Duration, error) {
+	req, err := nats.Connect(n.srv.URL(), nats.Name("bench-requester"))
+	if err != nil {
+		return nil, err
+	}
+	defer req.Close()
+	resp, err := nats.Connect(n.srv.URL(), nats.Name("bench-responder"))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Close()
+	sub, err := resp.Subscribe("bench.rtt", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := resp.Flush(); err != nil {
+		return nil, err
+	}
+	d := make([]time.Duration, 0, samples)
+	for i := range samples + samples/10 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		if _, err := req.Request("bench.rtt", []byte("x"), 5*time.Second); err != nil {
+			return nil, err
+		}
+		if i >= samples/10 { // the first tenth warms up
+			d = append(d, time.Since(t0))
+		}
+	}
+	return d, nil
+}
+
+// Primitives are the JetStream operations a fenced natssem cycle is made
+// of, measured with plain nats.go in the same run.
+type Primitives struct {
+	CAS     Summary // KV compare-and-set (publish with expected revision)
+	NakPull Summary // Nak of the held message + one-message pull
+}
+
+// primitives measures a KV compare-and-set and a Nak followed by a
+// one-message pull on a work-queue stream, as natssem's BenchmarkPrimitives
+// does: one pull and two compare-and-sets in sequence are the floor of any
+// fenced acquire+release.
+func (n *natsSystem) primitives(ctx context.Context, samples int) (Primitives, error) {
+	nc, err := nats.Connect(n.srv.URL(), nats.Name("bench-primitives"))
+	if err != nil {
+		return Primitives{}, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return Primitives{}, err
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "bench_prim", History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		return Primitives{}, err
+	}
+	defer func() { _ = js.DeleteKeyValue(context.Background(), "bench_prim") }()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_PRIM", Subjects: []string{"bench.prim"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
+	if err != nil {
+		return Primitives{}, err
+	}
+	defer func() { _ = js.DeleteStream(context.Background(), "BENCH_PRIM") }()
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		return Primitives{}, err
+	}
+	if _, err := js.Publish(ctx, "bench.prim", []byte("t")); err != nil {
+		return Primitives{}, err
+	}
+	rev, err := kv.Put(ctx, "k", []byte("v"))
+	if err != nil {
+		return Primitives{}, err
+	}
+	var cas, pull []time.Duration
+	var last jetstream.Msg
+	for i := range samples + samples/10 {
+		t0 := time.Now()
+		if rev, err = kv.Update(ctx, "k", []byte("v"), rev); err != nil {
+			return Primitives{}, err
+		}
+		t1 := time.Now()
+		if last != nil {
+			_ = last.Nak()
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return Primitives{}, err
+		}
+		last = nil
+		for m := range batch.Messages() {
+			last = m
+		}
+		if last == nil {
+			return Primitives{}, fmt.Errorf("primitives: pull returned nothing: %v", batch.Error())
+		}
+		t2 := time.Now()
+		if i >= samples/10 {
+			cas, pull = append(cas, t1.Sub(t0)), append(pull, t2.Sub(t1))
+		}
+	}
+	return Primitives{CAS: Summarize(cas), NakPull: Summarize(pull)}, nil
+}

@@ -1,0 +1,655 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Machine describes where the run happened.
+type Machine struct {
+	CPUs               int
+	CPUModel, Memory   string
+	Go, Kernel         string
+	NATS, RabbitMQ     string
+	RabbitURL          string
+	Redis              string
+	LoadStart, LoadEnd string
+}
+
+// Report is everything one run measured.
+type Report struct {
+	Machine Machine
+	Command string
+	Quick   bool
+	Started time.Time
+	Elapsed time.Duration
+
+	Workers, Permits int
+	Hold             time.Duration
+
+	RawRTT  *Summary // core-NATS request-reply, two connections
+	RawErr  string
+	Prims   *Primitives
+	Systems []*SystemResult
+}
+
+// SystemResult is what one system measured; nil fields did not run.
+type SystemResult struct {
+	Key, Label string
+	Tokensem   bool
+	Jitter     time.Duration // Redis: longest retry sleep
+	Skipped    string        // why the system did not run
+	Errs       map[string]string
+	Bounds     []string
+
+	Cycle      *CycleResult
+	Contention *ContentionResult
+	Handoff    *HandoffResult
+	Sems       *SemsResult
+	Waiters    *WaitersResult
+	BigN       *BigNResult
+}
+
+func (r *Report) system(key string) *SystemResult {
+	for _, s := range r.Systems {
+		if s.Key == key && s.Skipped == "" {
+			return s
+		}
+	}
+	return nil
+}
+
+// Target outcomes.
+const (
+	Met    = "met"
+	Missed = "**missed**"
+	NotRun = "not run"
+)
+
+// Target is one goal of the issue and how this run did against it.
+type Target struct {
+	System, Goal, Measured, Status, Why string
+}
+
+// Targets evaluates the run against the issue's targets.
+func Targets(r *Report) []Target {
+	var ts []Target
+	add := func(sys, goal string, ok bool, ran bool, measured, why string) {
+		t := Target{System: sys, Goal: goal, Measured: measured, Status: NotRun, Why: why}
+		if ran {
+			t.Status = Missed
+			if ok {
+				t.Status, t.Why = Met, ""
+			}
+		}
+		ts = append(ts, t)
+	}
+	ns := r.system("natssem")
+	if ns != nil || r.RawRTT != nil {
+		ran := ns != nil && ns.Cycle != nil && r.RawRTT != nil
+		var ok bool
+		var got, why string
+		if ran {
+			ratio := float64(ns.Cycle.P50) / float64(r.RawRTT.P50)
+			ok = ratio <= 2.5
+			got = fmt.Sprintf("%s = %.1f× raw RTT (%s)", fmtDur(ns.Cycle.P50), ratio, fmtDur(r.RawRTT.P50))
+			why = "the fenced cycle is three serialized round trips (pull, claim CAS, release CAS)"
+			if r.Prims != nil {
+				floor := r.Prims.NakPull.P50 + 2*r.Prims.CAS.P50
+				why = fmt.Sprintf("the fenced protocol needs a Nak+pull and two KV compare-and-sets in sequence; "+
+					"those primitives alone took %s + 2 × %s = %s = %.1f× raw RTT in this run, so 2.5× is below the floor "+
+					"(the cycle is %.0f%% of that floor)", fmtDur(r.Prims.NakPull.P50), fmtDur(r.Prims.CAS.P50), fmtDur(floor),
+					float64(floor)/float64(r.RawRTT.P50), 100*float64(ns.Cycle.P50)/float64(floor))
+			}
+		}
+		add("natssem", "1-client cycle p50 ≤ 2.5× raw core-NATS RTT", ok, ran, got, why)
+	}
+	if ns != nil {
+		addHandoff(&ts, ns, 400*time.Microsecond, time.Millisecond)
+		addCeiling(&ts, ns, 85)
+		addSafety(&ts, ns)
+	}
+	as := r.system("amqpsem")
+	if as != nil {
+		ran := as.Cycle != nil
+		var got string
+		if ran {
+			got = fmtDur(as.Cycle.P50) + " (p99 " + fmtDur(as.Cycle.P99) + ")"
+		}
+		add("amqpsem", "1-client cycle p50 ≤ 1 ms", ran && as.Cycle.P50 <= time.Millisecond, ran, got,
+			"quorum-queue operations go through Raft on the broker; see the notes")
+		addHandoff(&ts, as, 2*time.Millisecond, 0)
+		addCeiling(&ts, as, 70)
+		addSafety(&ts, as)
+	}
+	for _, s := range r.Systems {
+		if !s.Tokensem || s.Skipped != "" {
+			continue
+		}
+		var missing []string
+		for _, sc := range []struct {
+			name string
+			ran  bool
+		}{{"sems", s.Sems != nil}, {"waiters", s.Waiters != nil && s.Waiters.Complete}, {"bign", s.BigN != nil}} {
+			if e, failed := s.Errs[sc.name]; failed {
+				missing = append(missing, sc.name+": "+e)
+			} else if !sc.ran {
+				missing = append(missing, sc.name+": not run")
+			}
+		}
+		got := "all complete"
+		if len(s.Bounds) > 0 {
+			got += " (" + strings.Join(s.Bounds, "; ") + ")"
+		}
+		ranAny := s.Sems != nil || s.Waiters != nil || s.BigN != nil ||
+			s.Errs["sems"] != "" || s.Errs["waiters"] != "" || s.Errs["bign"] != ""
+		if len(missing) > 0 {
+			got = strings.Join(missing, "; ")
+		}
+		add(s.Label, "scale runs complete", len(missing) == 0, ranAny, got, "")
+		w := s.Waiters
+		var mem string
+		if w != nil && w.HeapPerWaiter != 0 {
+			mem = fmt.Sprintf("%s heap per waiter (+ %s goroutine stack)", fmtBytes(w.HeapPerWaiter), fmtBytes(w.StackPerWaiter))
+		}
+		add(s.Label, "client memory ≤ 16 KiB per waiting caller (heap delta / waiters)",
+			w != nil && w.HeapPerWaiter <= 16*1024, w != nil && w.HeapPerWaiter != 0, mem, "")
+	}
+	return ts
+}
+
+func addHandoff(ts *[]Target, s *SystemResult, p50, p99 time.Duration) {
+	t := Target{System: s.Label, Status: NotRun}
+	t.Goal = "handoff p50 ≤ " + fmtDur(p50)
+	if p99 > 0 {
+		t.Goal += " and p99 ≤ " + fmtDur(p99)
+	}
+	if h := s.Handoff; h != nil {
+		t.Measured = "p50 " + fmtDur(h.P50) + ", p99 " + fmtDur(h.P99)
+		t.Status = Met
+		if h.P50 > p50 || (p99 > 0 && h.P99 > p99) {
+			t.Status = Missed
+			t.Why = "see the notes"
+		}
+	}
+	*ts = append(*ts, t)
+}
+
+func addCeiling(ts *[]Target, s *SystemResult, pct float64) {
+	t := Target{System: s.Label, Status: NotRun, Goal: fmt.Sprintf("contention throughput ≥ %.0f%% of the N/hold ceiling", pct)}
+	if c := s.Contention; c != nil {
+		t.Measured = fmt.Sprintf("%.0f%% (%s/s of %s/s)", c.Percent(), thousands(c.Throughput), thousands(c.Ceiling))
+		t.Status = Met
+		if c.Percent() < pct {
+			t.Status = Missed
+			t.Why = "see the notes"
+		}
+	}
+	*ts = append(*ts, t)
+}
+
+func addSafety(ts *[]Target, s *SystemResult) {
+	t := Target{System: s.Label, Status: NotRun, Goal: "never more than N holders at once (atomic meter)"}
+	var parts []string
+	ok := true
+	if c := s.Contention; c != nil {
+		parts = append(parts, fmt.Sprintf("contention: %d of N=%d", c.Peak, c.N))
+		ok = ok && c.Peak <= c.N
+	}
+	if w := s.Waiters; w != nil && w.Served > 0 {
+		parts = append(parts, fmt.Sprintf("waiters: %d of N=%d", w.Peak, w.N))
+		ok = ok && w.Peak <= w.N
+	}
+	if len(parts) > 0 {
+		t.Measured = strings.Join(parts, "; ")
+		t.Status = Met
+		if !ok {
+			t.Status = Missed
+		}
+	}
+	*ts = append(*ts, t)
+}
+
+// writeTable writes a markdown table.
+func writeTable(w io.Writer, header []string, rows [][]string) {
+	line := func(cells []string) {
+		for i := range cells {
+			cells[i] = strings.ReplaceAll(cells[i], "|", `\|`)
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+	}
+	line(append([]string(nil), header...))
+	sep := make([]string, len(header))
+	for i := range sep {
+		sep[i] = "---"
+	}
+	fmt.Fprintf(w, "|%s|\n", strings.Join(sep, "|"))
+	for _, r := range rows {
+		cells := make([]string, len(header))
+		copy(cells, r)
+		line(cells)
+	}
+	fmt.Fprintln(w)
+}
+
+// thousands prints v rounded, with thin-space-free comma grouping.
+func thousands(v float64) string {
+	s := strconv.FormatInt(int64(math.Round(v)), 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// WriteMarkdown writes the report. plot, if set, is the handoff plot's
+// path relative to the markdown file.
+func WriteMarkdown(w io.Writer, r *Report, plot string) error {
+	ew := &errWriter{w: w}
+	w = ew
+	m := r.Machine
+	fmt.Fprintf(w, "# tokensem benchmarks\n\n")
+	prof := "full profile"
+	if r.Quick {
+		prof = "quick profile (short runs: fewer samples, 3 s of contention)"
+	}
+	fmt.Fprintf(w, "Generated by the bench harness (`bench/`, a module of its own) on %s, in %s, %s:\n\n",
+		r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Elapsed.Round(time.Second), prof)
+	fmt.Fprintf(w, "```sh\n%s\n```\n\n", r.Command)
+	fmt.Fprintf(w, "Everything ran on one machine, over loopback, in one process (the brokers in their own processes "+
+		"except the embedded NATS). Numbers from a shared, busy machine are noisy: the load average is below.\n\n")
+
+	fmt.Fprintf(w, "## Machine\n\n")
+	rows := [][]string{
+		{"CPU", fmt.Sprintf("%d × %s", m.CPUs, orDash(m.CPUModel))},
+		{"memory", orDash(m.Memory)},
+		{"Go", m.Go},
+		{"kernel", orDash(m.Kernel)},
+		{"NATS", brokerVersion("nats-server ", m.NATS, " (embedded in the harness, loopback, file store, R1)")},
+		{"RabbitMQ", brokerVersion("RabbitMQ ", m.RabbitMQ, " at "+m.RabbitURL+" (quorum queue)")},
+		{"Redis", brokerVersion("redis-server ", m.Redis, " (started by the harness on a random loopback port, no persistence)")},
+		{"load average (1/5/15 min)", "at start " + m.LoadStart + "; at end " + m.LoadEnd},
+	}
+	writeTable(w, []string{"", ""}, rows)
+
+	fmt.Fprintf(w, "## Targets\n\n")
+	var trows [][]string
+	for _, t := range Targets(r) {
+		trows = append(trows, []string{t.System, t.Goal, orDash(t.Measured), t.Status, t.Why})
+	}
+	writeTable(w, []string{"system", "target", "measured", "", "why"}, trows)
+
+	writeCore(w, r)
+	writeScale(w, r)
+	if plot != "" {
+		fmt.Fprintf(w, "## Handoff latency\n\nRelease → a waiter blocked on another connection holds the permit; "+
+			"cumulative distribution per system, log time axis.\n\n![handoff latency CDF](%s)\n\n", plot)
+	}
+	writeNotes(w, r)
+	return ew.err
+}
+
+func brokerVersion(prefix, v, suffix string) string {
+	if v == "" {
+		return "not run"
+	}
+	return prefix + v + suffix
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+// writeCore writes the per-scenario table: one column per system.
+func writeCore(w io.Writer, r *Report) {
+	fmt.Fprintf(w, "## Side by side\n\n")
+	header := []string{"scenario"}
+	if r.RawRTT != nil {
+		header = append(header, "raw core-NATS request-reply")
+	}
+	var systems []*SystemResult
+	for _, s := range r.Systems {
+		if s.Skipped == "" {
+			systems = append(systems, s)
+			header = append(header, s.Label)
+		}
+	}
+	cell := func(s *SystemResult, scenario string, f func() string) string {
+		if e, ok := s.Errs[scenario]; ok {
+			return "failed: " + e
+		}
+		return f()
+	}
+	row := func(label, raw string, f func(s *SystemResult) string) []string {
+		out := []string{label}
+		if r.RawRTT != nil {
+			out = append(out, raw)
+		}
+		for _, s := range systems {
+			out = append(out, f(s))
+		}
+		return out
+	}
+	dash := func(ok bool, f func() string) string {
+		if !ok {
+			return "—"
+		}
+		return f()
+	}
+	var raw50, raw99 string
+	if r.RawRTT != nil {
+		raw50, raw99 = fmtDur(r.RawRTT.P50), fmtDur(r.RawRTT.P99)
+	}
+	ceil := float64(r.Permits) / r.Hold.Seconds()
+	label := fmt.Sprintf("%d workers, N=%d, %s hold", r.Workers, r.Permits, fmtDur(r.Hold))
+	rows := [][]string{
+		row("1-client acquire+release p50", raw50, func(s *SystemResult) string {
+			return cell(s, "cycle", func() string { return dash(s.Cycle != nil, func() string { return fmtDur(s.Cycle.P50) }) })
+		}),
+		row("1-client acquire+release p99", raw99, func(s *SystemResult) string {
+			return cell(s, "cycle", func() string { return dash(s.Cycle != nil, func() string { return fmtDur(s.Cycle.P99) }) })
+		}),
+		row(label+": throughput (ceiling "+thousands(ceil)+"/s)", "", func(s *SystemResult) string {
+			return cell(s, "contention", func() string {
+				return dash(s.Contention != nil, func() string {
+					return fmt.Sprintf("%s/s (%.0f%%)", thousands(s.Contention.Throughput), s.Contention.Percent())
+				})
+			})
+		}),
+		row(label+": wait p50 / p99", "", func(s *SystemResult) string {
+			return cell(s, "contention", func() string {
+				return dash(s.Contention != nil, func() string {
+					return fmtDur(s.Contention.Wait.P50) + " / " + fmtDur(s.Contention.Wait.P99)
+				})
+			})
+		}),
+		row(label+": fairness, max/min acquisitions per worker (CV)", "", func(s *SystemResult) string {
+			return cell(s, "contention", func() string {
+				return dash(s.Contention != nil, func() string {
+					f := s.Contention.Fair
+					mm := "∞"
+					if !math.IsInf(f.MaxMin, 1) {
+						mm = fmt.Sprintf("%.2f", f.MaxMin)
+					}
+					return fmt.Sprintf("%s (%d–%d; CV %.2f)", mm, f.Min, f.Max, f.CV)
+				})
+			})
+		}),
+		row(label+": slot idle between holders, p50 (mean)", "", func(s *SystemResult) string {
+			return cell(s, "contention", func() string {
+				return dash(s.Contention != nil && s.Contention.Gap.N > 0, func() string {
+					return fmtDur(s.Contention.Gap.P50) + " (" + fmtDur(s.Contention.Gap.Mean) + ")"
+				})
+			})
+		}),
+		row(label+": measured mean hold", "", func(s *SystemResult) string {
+			return cell(s, "contention", func() string {
+				return dash(s.Contention != nil, func() string { return fmtDur(s.Contention.MeanHold) })
+			})
+		}),
+		row(label+": most holders at once", "", func(s *SystemResult) string {
+			return cell(s, "contention", func() string {
+				return dash(s.Contention != nil, func() string {
+					return fmt.Sprintf("%d of %d", s.Contention.Peak, s.Contention.N)
+				})
+			})
+		}),
+		row("handoff, release → blocked waiter: p50", "", func(s *SystemResult) string {
+			return cell(s, "handoff", func() string { return dash(s.Handoff != nil, func() string { return fmtDur(s.Handoff.P50) }) })
+		}),
+		row("handoff p99", "", func(s *SystemResult) string {
+			return cell(s, "handoff", func() string { return dash(s.Handoff != nil, func() string { return fmtDur(s.Handoff.P99) }) })
+		}),
+	}
+	writeTable(w, header, rows)
+	var skipped []string
+	for _, s := range r.Systems {
+		if s.Skipped != "" {
+			skipped = append(skipped, fmt.Sprintf("- **%s not run**: %s", s.Key, s.Skipped))
+		}
+	}
+	if r.RawErr != "" {
+		skipped = append(skipped, "- raw round trip failed: "+r.RawErr)
+	}
+	if len(skipped) > 0 {
+		fmt.Fprintf(w, "%s\n\n", strings.Join(skipped, "\n"))
+	}
+	if r.Prims != nil && r.RawRTT != nil {
+		floor := r.Prims.NakPull.P50 + 2*r.Prims.CAS.P50
+		fmt.Fprintf(w, "JetStream primitives in the same run (plain nats.go): KV compare-and-set p50 %s, Nak + one-message "+
+			"pull p50 %s; a fenced cycle needs one pull and two compare-and-sets in sequence, a floor of %s = %.1f× the raw round trip.\n\n",
+			fmtDur(r.Prims.CAS.P50), fmtDur(r.Prims.NakPull.P50), fmtDur(floor), float64(floor)/float64(r.RawRTT.P50))
+	}
+}
+
+// writeScale writes the scale table.
+func writeScale(w io.Writer, r *Report) {
+	var systems []*SystemResult
+	for _, s := range r.Systems {
+		if s.Skipped == "" && (s.Sems != nil || s.Waiters != nil || s.BigN != nil || s.Errs["sems"] != "" ||
+			s.Errs["waiters"] != "" || s.Errs["bign"] != "") {
+			systems = append(systems, s)
+		}
+	}
+	if len(systems) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "## Scale\n\n")
+	header := []string{"scenario"}
+	for _, s := range systems {
+		header = append(header, s.Label)
+	}
+	row := func(label, scenario string, f func(s *SystemResult) (string, bool)) []string {
+		out := []string{label}
+		for _, s := range systems {
+			v, ok := f(s)
+			switch {
+			case ok:
+				out = append(out, v)
+			case s.Errs[scenario] != "":
+				out = append(out, "failed: "+s.Errs[scenario])
+			default:
+				out = append(out, "—")
+			}
+		}
+		return out
+	}
+	var rows [][]string
+	rows = append(rows,
+		row("many semaphores on one broker: count (client connections)", "sems", func(s *SystemResult) (string, bool) {
+			if s.Sems == nil {
+				return "", false
+			}
+			return fmt.Sprintf("%s (%d)", thousands(float64(s.Sems.Count)), s.Sems.Clients), true
+		}),
+		row("… create all (4 at a time); one Init p50", "sems", func(s *SystemResult) (string, bool) {
+			if s.Sems == nil {
+				return "", false
+			}
+			return fmtDur(s.Sems.InitTotal) + "; " + fmtDur(s.Sems.Init.P50), true
+		}),
+		row("… first acquire+release on each, all open: p50", "sems", func(s *SystemResult) (string, bool) {
+			if s.Sems == nil {
+				return "", false
+			}
+			return fmtDur(s.Sems.First.P50), true
+		}),
+		row("… second acquire+release on each: p50 / p99", "sems", func(s *SystemResult) (string, bool) {
+			if s.Sems == nil {
+				return "", false
+			}
+			return fmtDur(s.Sems.Cycle.P50) + " / " + fmtDur(s.Sems.Cycle.P99), true
+		}),
+		row("waiters on one semaphore (client connections)", "waiters", func(s *SystemResult) (string, bool) {
+			if s.Waiters == nil {
+				return "", false
+			}
+			return fmt.Sprintf("%s (%d)", thousands(float64(s.Waiters.Waiters)), s.Waiters.Clients), true
+		}),
+		row("… all counted waiting by the server after", "waiters", func(s *SystemResult) (string, bool) {
+			if s.Waiters == nil || s.Waiters.QueuedIn == 0 {
+				return "", false
+			}
+			return fmtDur(s.Waiters.QueuedIn), true
+		}),
+		row(fmt.Sprintf("… all served with N=%d, %s hold: time (ideal)", r.Permits, fmtDur(r.Hold)), "waiters", func(s *SystemResult) (string, bool) {
+			wr := s.Waiters
+			if wr == nil || wr.Served == 0 {
+				return "", false
+			}
+			if !wr.Complete {
+				return fmt.Sprintf("only %s of %s in %s", thousands(float64(wr.Served)), thousands(float64(wr.Waiters)), fmtDur(wr.ServedIn)), true
+			}
+			return fmt.Sprintf("%s (%s)", fmtDur(wr.ServedIn), fmtDur(wr.Ideal)), true
+		}),
+		row("… most holders at once", "waiters", func(s *SystemResult) (string, bool) {
+			if s.Waiters == nil || s.Waiters.Served == 0 {
+				return "", false
+			}
+			return fmt.Sprintf("%d of %d", s.Waiters.Peak, s.Waiters.N), true
+		}),
+		row("client memory per waiting caller: heap (+ goroutine stack)", "waiters", func(s *SystemResult) (string, bool) {
+			if s.Waiters == nil || s.Waiters.HeapPerWaiter == 0 {
+				return "", false
+			}
+			return fmtBytes(s.Waiters.HeapPerWaiter) + " (+ " + fmtBytes(s.Waiters.StackPerWaiter) + ")", true
+		}),
+		row("large semaphore: N", "bign", func(s *SystemResult) (string, bool) {
+			if s.BigN == nil {
+				return "", false
+			}
+			return thousands(float64(s.BigN.N)), true
+		}),
+		row("… init", "bign", func(s *SystemResult) (string, bool) {
+			if s.BigN == nil || s.BigN.Init == 0 {
+				return "", false
+			}
+			return fmtDur(s.BigN.Init), true
+		}),
+		row("… Status (census) p50", "bign", func(s *SystemResult) (string, bool) {
+			if s.BigN == nil || s.BigN.Status.N == 0 {
+				return "", false
+			}
+			return fmtDur(s.BigN.Status.P50), true
+		}),
+		row("… one acquire+release", "bign", func(s *SystemResult) (string, bool) {
+			if s.BigN == nil || s.BigN.Cycle == 0 {
+				return "", false
+			}
+			return fmtDur(s.BigN.Cycle), true
+		}),
+	)
+	writeTable(w, header, rows)
+	for _, s := range systems {
+		if len(s.Bounds) > 0 {
+			fmt.Fprintf(w, "- %s: %s.\n", s.Label, strings.Join(s.Bounds, "; "))
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+func writeNotes(w io.Writer, r *Report) {
+	fmt.Fprintf(w, "## How it is measured\n\n")
+	notes := []string{
+		"**Raw round trip**: core-NATS request-reply between a requester and a responder on two connections of their own, " +
+			"on the same embedded server; the reference for the NATS cycle target.",
+		"**1-client cycle**: one client, a semaphore of one permit, Acquire then Release, timed together; a tenth more cycles run first as a warm-up.",
+		fmt.Sprintf("**Contention**: %d workers, each on a connection of its own (its own NATS connection, amqpsem.Conn or "+
+			"Redis client), loop Acquire → hold %s (time.Sleep; the measured mean is in the notes below) → Release on a semaphore of N=%d. "+
+			"Throughput counts acquisitions begun inside the window; the ceiling is N/hold. *Wait* is the time in Acquire. "+
+			"*Fairness* is the spread of acquisitions per worker: max/min (1.00 = even) and the coefficient of variation "+
+			"(population standard deviation / mean; 0 = even). *Most holders at once* comes from an atomic meter entered "+
+			"right after Acquire returns and left right before Release.", r.Workers, fmtDur(r.Hold), r.Permits),
+		"**Handoff**: a holder on one connection holds the only permit; a waiter on another connection calls Acquire; once " +
+			"the broker counts it waiting (NATS: the consumer's waiting pulls; RabbitMQ: the token queue's consumers; Redis: " +
+			"the waiter has been refused once and sleeps), the holder releases, and the time runs from the Release call to the " +
+			"waiter's Acquire returning. A polling waiter is released at a random point of its retry sleep (uniform over the longest " +
+			"sleep), so its samples cover the whole retry cycle.",
+		"**Redis semaphore**: the classic sorted-set semaphore of the seed documents, one Lua script per attempt: " +
+			"ZREMRANGEBYSCORE drops holders older than the lease (30 s), ZADD adds the caller scored with the server's TIME in µs, " +
+			"ZRANK < N admits it, otherwise ZREM removes it and the caller sleeps a random jitter (50–200 ms as commonly advised, " +
+			"or 1–5 ms) before it retries; Release is ZREM. No lease renewal is needed for these short holds. It keeps no queue, so " +
+			"a releaser that asks again at once usually wins its own permit back.",
+		"**Many semaphores**: that many semaphores of N permits created on one broker (4 Inits at a time; RabbitMQ clients " +
+			"spread over connections of at most 1,000 semaphores, below its default channel_max of 2,047), then one acquire+release on " +
+			"each while all are open, then all deleted.",
+		"**Waiters**: all N permits are held; the waiters call Acquire, on one client connection (RabbitMQ: one connection per " +
+			"1,000 waiters, each waiter being a channel); once the broker counts them all waiting, the heap (runtime.MemStats.HeapAlloc " +
+			"after two GCs) and goroutine stacks (StackInuse) are compared with before they started and divided by the number of waiters; " +
+			"then the held permits are released and the time runs until every waiter has acquired, held and released.",
+		"**Large semaphore**: Init of one semaphore of N permits, then Status (a census of every token and holder), then one acquire+release. " +
+			"A Redis sorted set stores holders, not tokens, so its Init and census cost nothing at any N.",
+	}
+	for _, n := range notes {
+		fmt.Fprintf(w, "- %s\n", n)
+	}
+	fmt.Fprintln(w)
+	var obs []string
+	for _, s := range r.Systems {
+		if c := s.Contention; c != nil {
+			obs = append(obs, fmt.Sprintf("%s: contention mean hold %s (ceiling with that hold %s/s), %s acquisitions in %s.",
+				s.Label, fmtDur(c.MeanHold), thousands(float64(c.N)/c.MeanHold.Seconds()), thousands(float64(c.Acquisitions)), fmtDur(c.Duration)))
+		}
+		for sc, e := range s.Errs {
+			obs = append(obs, fmt.Sprintf("%s: %s failed: %s", s.Label, sc, e))
+		}
+	}
+	if len(obs) > 0 {
+		fmt.Fprintf(w, "### This run\n\n")
+		for _, o := range obs {
+			fmt.Fprintf(w, "- %s\n", o)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+// handoffSeries are the handoff samples of every system that has them.
+func handoffSeries(r *Report) []Series {
+	var s []Series
+	for _, sys := range r.Systems {
+		if sys.Handoff != nil && len(sys.Handoff.Samples) > 0 {
+			s = append(s, Series{Label: sys.Label, Samples: sys.Handoff.Samples})
+		}
+	}
+	return s
+}
+
+func handoffMarks() []Mark {
+	return []Mark{
+		{At: 400 * time.Microsecond, Label: "NATS p50 target"},
+		{At: 2 * time.Millisecond, Label: "RabbitMQ p50 target"},
+	}
+}
+
+func handoffTitle(r *Report) string {
+	return fmt.Sprintf("Handoff latency: release → blocked waiter holds (%d CPUs, load %s)", r.Machine.CPUs, r.Machine.LoadStart)
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWriteTable(t *testing.T) {
+	var b bytes.Buffer
+	writeTable(&b, []string{"a", "b", "c"}, [][]string{{"1", "x|y"}, {"2", "3", "4"}})
+	want := "| a | b | c |\n|---|---|---|\n| 1 | x\\|y |  |\n| 2 | 3 | 4 |\n\n"
+	if b.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// sampleReport is a run in which NATS misses its cycle target and meets
+// the rest, and RabbitMQ misses its throughput target.
+func sampleReport() *Report {
+	nats := &SystemResult{Key: "natssem", Label: "natssem", Tokensem: true, Errs: map[string]string{},
+		Cycle:      &CycleResult{Summary{N: 100, P50: 100 * time.Microsecond, P99: 400 * time.Microsecond}},
+		Contention: &ContentionResult{Workers: 32, N: 4, Hold: time.Millisecond, Throughput: 3600, Ceiling: 4000, Peak: 4},
+		Handoff:    &HandoffResult{Summary: Summary{N: 10, P50: 300 * time.Microsecond, P99: 900 * time.Microsecond}},
+		Sems:       &SemsResult{Count: 1000, Clients: 1},
+		Waiters:    &WaitersResult{Waiters: 5000, N: 4, Served: 5000, Complete: true, Peak: 4, HeapPerWaiter: 4096},
+		BigN:       &BigNResult{N: 10000},
+	}
+	amqp := &SystemResult{Key: "amqpsem", Label: "amqpsem", Tokensem: true, Errs: map[string]string{"bign": "boom"},
+		Cycle:      &CycleResult{Summary{N: 100, P50: 900 * time.Microsecond}},
+		Contention: &ContentionResult{Workers: 32, N: 4, Hold: time.Millisecond, Throughput: 2000, Ceiling: 4000, Peak: 4},
+		Bounds:     []string{"waiters bounded to 1000"},
+	}
+	redis := &SystemResult{Key: "redis", Label: "redis zset, retry 50–200 ms", Errs: map[string]string{},
+		Handoff: &HandoffResult{Summary: Summary{N: 3, P50: 60 * time.Millisecond}, Samples: ms(30, 60, 190)}}
+	skipped := &SystemResult{Key: "redis-fast", Label: "redis zset, retry 1–5 ms", Skipped: "redis-server not found", Errs: map[string]string{}}
+	return &Report{
+		Machine: Machine{CPUs: 2, Go: "go1.26", NATS: "2.15.2", RabbitMQ: "3.10.8", LoadStart: "0.5 0.4 0.3", LoadEnd: "1.0 0.5 0.3"},
+		Command: "cd bench && go run . -quick", Quick: true, Started: time.Unix(0, 0), Workers: 32, Permits: 4, Hold: time.Millisecond,
+		RawRTT:  &Summary{N: 100, P50: 33 * time.Microsecond, P99: 100 * time.Microsecond},
+		Prims:   &Primitives{CAS: Summary{P50: 26 * time.Microsecond}, NakPull: Summary{P50: 35 * time.Microsecond}},
+		Systems: []*SystemResult{nats, amqp, redis, skipped},
+	}
+}
+
+func TestTargets(t *testing.T) {
+	got := map[string]string{}
+	for _, tg := range Targets(sampleReport()) {
+		got[tg.System+": "+tg.Goal] = tg.Status
+	}
+	want := map[string]string{
+		"natssem: 1-client cycle p50 ≤ 2.5× raw core-NATS RTT":                      Missed, // 100/33 = 3.0×
+		"natssem: handoff p50 ≤ 400 µs and p99 ≤ 1.00 ms":                           Met,
+		"natssem: contention throughput ≥ 85% of the N/hold ceiling":                Met, // 90%
+		"natssem: never more than N holders at once (atomic meter)":                 Met,
+		"natssem: scale runs complete":                                              Met,
+		"natssem: client memory ≤ 16 KiB per waiting caller (heap delta / waiters)": Met,
+		"amqpsem: 1-client cycle p50 ≤ 1 ms":                                        Met,
+		"amqpsem: handoff p50 ≤ 2.00 ms":                                            NotRun,
+		"amqpsem: contention throughput ≥ 70% of the N/hold ceiling":                Missed, // 50%
+		"amqpsem: scale runs complete":                                              Missed,
+		"amqpsem: client memory ≤ 16 KiB per waiting caller (heap delta / waiters)": NotRun,
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: %q, want %q", k, got[k], w)
+		}
+	}
+	for k := range got {
+		if strings.HasPrefix(k, "redis") {
+			t.Errorf("a target for the Redis baseline: %s", k)
+		}
+	}
+}
+
+func TestTargetsMemoryAndSafety(t *testing.T) {
+	r := sampleReport()
+	r.Systems[0].Waiters.HeapPerWaiter = 17 * 1024
+	r.Systems[0].Contention.Peak = 5
+	for _, tg := range Targets(r) {
+		if tg.System == "natssem" && (strings.Contains(tg.Goal, "memory") || strings.Contains(tg.Goal, "holders")) && tg.Status != Missed {
+			t.Errorf("%s: %s, want missed", tg.Goal, tg.Status)
+		}
+	}
+}
+
+func TestWriteMarkdown(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteMarkdown(&b, sampleReport(), "handoff.svg"); err != nil {
+		t.Fatal(err)
+	}
+	md := b.String()
+	for _, want := range []string{
+		"```sh\ncd bench && go run . -quick\n```",
+		"| CPU | 2 × — |",
+		"at start 0.5 0.4 0.3; at end 1.0 0.5 0.3",
+		"| natssem | 1-client cycle p50 ≤ 2.5× raw core-NATS RTT | 100 µs = 3.0× raw RTT (33.0 µs) | **missed** |",
+		"floor", // the missed cycle target is explained by the primitives
+		"| 1-client acquire+release p50 | 33.0 µs | 100 µs | 900 µs | — |",
+		"**redis-fast not run**: redis-server not found",
+		"failed: boom",
+		"waiters bounded to 1000",
+		"![handoff latency CDF](handoff.svg)",
+		"## How it is measured",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q", want)
+		}
+	}
+	// Every table row has as many cells as its header.
+	var cols int
+	for _, line := range strings.Split(md, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			cols = 0
+			continue
+		}
+		n := strings.Count(strings.ReplaceAll(line, `\|`, ""), "|")
+		if cols == 0 {
+			cols = n
+		} else if n != cols {
+			t.Errorf("row with %d separators under a header with %d: %s", n, cols, line)
+		}
+	}
+}

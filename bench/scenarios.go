@@ -1,0 +1,590 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// CycleResult: one client's uncontended Acquire+Release.
+type CycleResult struct {
+	Summary
+}
+
+// runCycle measures samples acquire+release cycles of one client on a
+// semaphore of one permit (a tenth more run first, as a warm-up).
+func runCycle(ctx context.Context, sys System, name string, samples int) (*CycleResult, error) {
+	cl, err := sys.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	defer sys.Cleanup(context.WithoutCancel(ctx), name)
+	s, err := cl.Init(ctx, name, 1, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	d := make([]time.Duration, 0, samples)
+	for i := range samples + samples/10 {
+		t0 := time.Now()
+		h, err := s.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := h.Release(ctx); err != nil {
+			return nil, err
+		}
+		if i >= samples/10 {
+			d = append(d, time.Since(t0))
+		}
+	}
+	return &CycleResult{Summarize(d)}, nil
+}
+
+// ContentionResult: workers loop acquire, hold, release on N permits.
+type ContentionResult struct {
+	Workers, N   int
+	Hold         time.Duration // nominal hold
+	MeanHold     time.Duration // measured (time.Sleep overshoots)
+	Duration     time.Duration
+	Acquisitions int
+	Throughput   float64 // acquisitions per second
+	Ceiling      float64 // N / nominal hold
+	Wait         Summary
+	Release      Summary // time in Release
+	// Gap is the time a slot stood idle between holders: from the start of
+	// a holder's Release to the next holder of the same slot returning from
+	// Acquire (tokensem only: a Redis permit has no slot identity). With
+	// every worker busy, throughput ≈ N / (mean hold + mean gap).
+	Gap         Summary
+	Fair        Fairness
+	Peak        int           // most holders at once (Meter)
+	MachineBusy float64       // share of all the machine's CPU busy during the window
+	ProcessCPU  time.Duration // CPU time of this process (clients, embedded NATS) in the window
+}
+
+// Percent is the throughput as a share of the ceiling.
+func (c *ContentionResult) Percent() float64 { return 100 * c.Throughput / c.Ceiling }
+
+// runContention runs workers, each on a connection of its own, against one
+// semaphore of n permits for dur: acquire (timed as the wait), hold for
+// hold, release, repeat. Only acquisitions that began inside the window
+// count; the workers finish the cycle they are in when it closes.
+func runContention(ctx context.Context, sys System, name string, workers, n int, hold, dur time.Duration, precise bool) (*ContentionResult, error) {
+	cl, err := sys.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	defer sys.Cleanup(context.WithoutCancel(ctx), name)
+	s0, err := cl.Init(ctx, name, n, workers)
+	if err != nil {
+		return nil, err
+	}
+	defer s0.Close()
+	sems := make([]Sem, workers)
+	for i := range sems {
+		c, err := sys.Connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		if sems[i], err = c.Open(ctx, name); err != nil {
+			return nil, err
+		}
+		defer sems[i].Close()
+		h, err := sems[i].Acquire(ctx) // warm up each client
+		if err != nil {
+			return nil, err
+		}
+		if err := h.Release(ctx); err != nil {
+			return nil, err
+		}
+	}
+
+	var m Meter
+	counts := make([]int, workers)
+	waits := make([][]time.Duration, workers)
+	holds := make([]time.Duration, workers)
+	rels := make([][]time.Duration, workers)
+	gaps := make([][]time.Duration, workers)
+	lastRelease := make([]atomic.Int64, n) // per slot: unix ns of the latest Release call
+	errs := make([]error, workers)
+	cpu0, pcpu0 := readCPU(), processCPU()
+	start := time.Now()
+	deadline := start.Add(dur)
+	wctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for {
+				t0 := time.Now()
+				if !t0.Before(deadline) {
+					return
+				}
+				h, err := sems[w].Acquire(wctx)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				got := time.Now()
+				m.Enter()
+				slot := slotOf(h)
+				var gap time.Duration
+				if slot >= 0 && slot < n {
+					if t := lastRelease[slot].Load(); t != 0 {
+						gap = got.Sub(time.Unix(0, t))
+					}
+				}
+				holdFor(hold, precise)
+				held := time.Since(got)
+				m.Leave()
+				tr := time.Now()
+				if slot >= 0 && slot < n {
+					lastRelease[slot].Store(tr.UnixNano())
+				}
+				if err := h.Release(wctx); err != nil {
+					errs[w] = err
+					return
+				}
+				if got.Before(deadline) {
+					rels[w] = append(rels[w], time.Since(tr))
+					if gap > 0 {
+						gaps[w] = append(gaps[w], gap)
+					}
+					counts[w]++
+					waits[w] = append(waits[w], got.Sub(t0))
+					holds[w] += held
+				}
+			}
+		})
+	}
+	wg.Wait()
+	busy, pcpu := busySince(cpu0), processCPU()-pcpu0
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	r := &ContentionResult{Workers: workers, N: n, Hold: hold, Duration: dur, Peak: m.Peak(),
+		Ceiling: float64(n) / hold.Seconds(), Fair: FairnessOf(counts), MachineBusy: busy, ProcessCPU: pcpu}
+	var all, allRel, allGap []time.Duration
+	var holdSum time.Duration
+	for w := range workers {
+		r.Acquisitions += counts[w]
+		all = append(all, waits[w]...)
+		allRel = append(allRel, rels[w]...)
+		allGap = append(allGap, gaps[w]...)
+		holdSum += holds[w]
+	}
+	r.Throughput = float64(r.Acquisitions) / dur.Seconds()
+	r.Wait = Summarize(all)
+	r.Release = Summarize(allRel)
+	r.Gap = Summarize(allGap)
+	if r.Acquisitions > 0 {
+		r.MeanHold = holdSum / time.Duration(r.Acquisitions)
+	}
+	return r, nil
+}
+
+// HandoffResult: release → a blocked waiter on another connection holds.
+type HandoffResult struct {
+	Summary
+	Samples []time.Duration
+}
+
+// runHandoff measures, samples times, the time from a holder's Release
+// call to a waiter on another connection returning from Acquire. The waiter
+// is first seen waiting (sys.Waiting); then, for a polling system, the
+// release comes at a random point of its retry sleep (settleMax is its
+// longest sleep), so the samples cover the whole retry cycle.
+func runHandoff(ctx context.Context, sys System, name string, samples int, settleMax time.Duration) (*HandoffResult, error) {
+	c1, err := sys.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c1.Close()
+	defer sys.Cleanup(context.WithoutCancel(ctx), name)
+	holder, err := c1.Init(ctx, name, 1, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer holder.Close()
+	c2, err := sys.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c2.Close()
+	waiter, err := c2.Open(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer waiter.Close()
+	type got struct {
+		h   Held
+		at  time.Time
+		err error
+	}
+	var d []time.Duration
+	for i := range samples + max(samples/20, 2) {
+		h, err := holder.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ch := make(chan got, 1)
+		go func() {
+			w, err := waiter.Acquire(ctx)
+			ch <- got{w, time.Now(), err}
+		}()
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			n, err := sys.Waiting(ctx, name)
+			if err == nil && n >= 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("handoff: the waiter never showed as waiting (last error %v)", err)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		if settleMax > 0 {
+			time.Sleep(rand.N(settleMax))
+		}
+		t0 := time.Now()
+		if err := h.Release(ctx); err != nil {
+			return nil, err
+		}
+		g := <-ch
+		if g.err != nil {
+			return nil, g.err
+		}
+		if i >= max(samples/20, 2) { // the first few warm up
+			d = append(d, g.at.Sub(t0))
+		}
+		if err := g.h.Release(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return &HandoffResult{Summary: Summarize(d), Samples: d}, nil
+}
+
+// SemsResult: many semaphores on one broker.
+type SemsResult struct {
+	Count     int
+	Clients   int
+	InitTotal time.Duration // wall time to create them all
+	Init      Summary       // one Init
+	First     Summary       // the first acquire+release on each, all of them open
+	Cycle     Summary       // the second acquire+release on each
+}
+
+// runManySems creates count semaphores of n permits (conc at a time) on as
+// few connections as the system allows, then runs two acquire+release
+// cycles on each while all are open (the first sets up the client's state
+// for that semaphore), then removes them.
+func runManySems(ctx context.Context, sys System, prefix string, count, n, conc int) (*SemsResult, error) {
+	per := sys.WaitersPerClient()
+	if per <= 0 {
+		per = count
+	}
+	nClients := (count + per - 1) / per
+	clients := make([]Client, nClients)
+	for i := range clients {
+		c, err := sys.Connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		clients[i] = c
+	}
+	names := make([]string, count)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%04d", prefix, i)
+	}
+	defer func() {
+		cctx := context.WithoutCancel(ctx)
+		parallel(conc, count, func(i int) error { sys.Cleanup(cctx, names[i]); return nil })
+	}()
+	sems := make([]Sem, count)
+	inits := make([]time.Duration, count)
+	t0 := time.Now()
+	err := parallel(conc, count, func(i int) error {
+		t := time.Now()
+		s, err := clients[i/per].Init(ctx, names[i], n, 0)
+		if err != nil {
+			return fmt.Errorf("init %s: %w", names[i], err)
+		}
+		inits[i] = time.Since(t)
+		sems[i] = s
+		return nil
+	})
+	initTotal := time.Since(t0)
+	defer func() {
+		for _, s := range sems {
+			if s != nil {
+				_ = s.Close()
+			}
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	var rounds [2][]time.Duration
+	for round := range rounds {
+		for i, s := range sems {
+			t := time.Now()
+			h, err := s.Acquire(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("acquire %s: %w", names[i], err)
+			}
+			if err := h.Release(ctx); err != nil {
+				return nil, err
+			}
+			rounds[round] = append(rounds[round], time.Since(t))
+		}
+	}
+	return &SemsResult{Count: count, Clients: nClients, InitTotal: initTotal, Init: Summarize(inits),
+		First: Summarize(rounds[0]), Cycle: Summarize(rounds[1])}, nil
+}
+
+// parallel runs fn(0..count-1) on conc goroutines and returns the errors.
+func parallel(conc, count int, fn func(i int) error) error {
+	var next atomic.Int64
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for range min(conc, count) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= count {
+					return
+				}
+				if err := fn(i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					next.Store(int64(count)) // stop handing out work
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// WaitersResult: thousands of callers blocked on one semaphore.
+type WaitersResult struct {
+	Waiters, N, Clients int
+	Hold                time.Duration
+	QueuedIn            time.Duration // until the server counted them all waiting
+	Served              int
+	ServedIn            time.Duration // first release → last waiter done
+	Ideal               time.Duration // ceil(W/N) × hold
+	Peak                int
+	HeapPerWaiter       float64 // bytes of heap per blocked caller
+	StackPerWaiter      float64 // bytes of goroutine stack per blocked caller
+	Complete            bool
+}
+
+// runWaiters holds all n permits, starts waiters callers blocked in
+// Acquire (spread over as few connections as the system allows), measures
+// the client memory they take once the server counts them all waiting,
+// then releases the permits and times until every waiter has acquired,
+// held for hold and released. serveLimit bounds that last phase.
+func runWaiters(ctx context.Context, sys System, name string, waiters, n int, hold, serveLimit time.Duration, precise bool) (*WaitersResult, error) {
+	c0, err := sys.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c0.Close()
+	defer sys.Cleanup(context.WithoutCancel(ctx), name)
+	s0, err := c0.Init(ctx, name, n, waiters+n+64)
+	if err != nil {
+		return nil, err
+	}
+	defer s0.Close()
+	held := make([]Held, n)
+	for i := range held {
+		if held[i], err = s0.Acquire(ctx); err != nil {
+			return nil, err
+		}
+	}
+	per := sys.WaitersPerClient()
+	if per <= 0 {
+		per = waiters
+	}
+	sems := make([]Sem, (waiters+per-1)/per)
+	for i := range sems {
+		c, err := sys.Connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		if sems[i], err = c.Open(ctx, name); err != nil {
+			return nil, err
+		}
+		defer sems[i].Close()
+	}
+	r := &WaitersResult{Waiters: waiters, N: n, Clients: len(sems), Hold: hold,
+		Ideal: time.Duration((waiters+n-1)/n) * hold}
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var m Meter
+	var served atomic.Int64
+	var lastDone atomic.Int64 // unix ns
+	var errMu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range waiters {
+		s := sems[i/per]
+		wg.Go(func() {
+			h, err := s.Acquire(wctx)
+			if err != nil {
+				if wctx.Err() == nil {
+					errMu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					errMu.Unlock()
+				}
+				return
+			}
+			m.Enter()
+			holdFor(hold, precise)
+			m.Leave()
+			if err := h.Release(context.WithoutCancel(wctx)); err != nil {
+				errMu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				errMu.Unlock()
+			}
+			served.Add(1)
+			lastDone.Store(time.Now().UnixNano())
+		})
+	}
+	stop := func(err error) (*WaitersResult, error) {
+		cancel()
+		wg.Wait()
+		for _, h := range held {
+			if h != nil {
+				_ = h.Release(context.WithoutCancel(ctx))
+			}
+		}
+		return r, err
+	}
+	queuedLimit := 2*time.Minute + time.Duration(waiters)*10*time.Millisecond
+	for {
+		k, err := sys.Waiting(ctx, name)
+		if err == nil && k >= waiters {
+			break
+		}
+		errMu.Lock()
+		ferr := firstErr
+		errMu.Unlock()
+		if ferr != nil {
+			return stop(fmt.Errorf("a waiter failed: %w", ferr))
+		}
+		if time.Since(t0) > queuedLimit {
+			return stop(fmt.Errorf("only %d of %d waiters counted waiting after %v (last error %v)", k, waiters, queuedLimit, err))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.QueuedIn = time.Since(t0)
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	r.HeapPerWaiter = (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(waiters)
+	r.StackPerWaiter = (float64(after.StackInuse) - float64(before.StackInuse)) / float64(waiters)
+
+	t1 := time.Now()
+	for i, h := range held {
+		if err := h.Release(ctx); err != nil {
+			return stop(err)
+		}
+		held[i] = nil
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(serveLimit):
+	}
+	r.Served = int(served.Load())
+	r.Peak = m.Peak()
+	if l := lastDone.Load(); l > 0 {
+		r.ServedIn = time.Unix(0, l).Sub(t1)
+	}
+	r.Complete = r.Served == waiters
+	errMu.Lock()
+	ferr := firstErr
+	errMu.Unlock()
+	if !r.Complete {
+		r.ServedIn = time.Since(t1)
+		return stop(fmt.Errorf("served %d of %d waiters in %v", r.Served, waiters, serveLimit))
+	}
+	return stop(ferr)
+}
+
+// BigNResult: one semaphore of many permits.
+type BigNResult struct {
+	N      int
+	Init   time.Duration
+	Status Summary // census of all N tokens
+	Census Census
+	Cycle  time.Duration
+}
+
+// runBigN creates a semaphore of n permits, takes statuses censuses and
+// runs one acquire+release.
+func runBigN(ctx context.Context, sys System, name string, n, statuses int) (*BigNResult, error) {
+	cl, err := sys.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	defer sys.Cleanup(context.WithoutCancel(ctx), name)
+	r := &BigNResult{N: n}
+	t0 := time.Now()
+	s, err := cl.Init(ctx, name, n, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	r.Init = time.Since(t0)
+	var st []time.Duration
+	for range statuses {
+		t := time.Now()
+		if r.Census, err = s.Status(ctx); err != nil {
+			return nil, err
+		}
+		st = append(st, time.Since(t))
+	}
+	r.Status = Summarize(st)
+	t := time.Now()
+	h, err := s.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.Release(ctx); err != nil {
+		return nil, err
+	}
+	r.Cycle = time.Since(t)
+	if r.Census.Permits != n || !r.Census.Healthy {
+		return r, fmt.Errorf("census of %d permits: %+v", n, r.Census)
+	}
+	return r, nil
+}
