@@ -46,6 +46,34 @@ func busySince(t0 cpuTimes) float64 {
 	return (t1.busy - t0.busy) / (t1.total - t0.total)
 }
 
+// CPUWindow measures CPU use over a stretch of time.
+type CPUWindow struct {
+	machine cpuTimes
+	process time.Duration
+	wall    time.Time
+}
+
+// CPUUse is what a window measured: the share of the whole machine's CPU
+// that was busy (0..1; 0 when unknown) and how many cores this process
+// (the clients, and the embedded NATS server) kept busy on average.
+type CPUUse struct {
+	MachineBusy  float64
+	HarnessCores float64
+}
+
+func startCPU() CPUWindow {
+	return CPUWindow{machine: readCPU(), process: processCPU(), wall: time.Now()}
+}
+
+// Stop returns the use since the window started.
+func (w CPUWindow) Stop() CPUUse {
+	u := CPUUse{MachineBusy: busySince(w.machine)}
+	if wall := time.Since(w.wall); wall > 0 {
+		u.HarnessCores = (processCPU() - w.process).Seconds() / wall.Seconds()
+	}
+	return u
+}
+
 // processCPU is this process's user+system CPU time so far.
 func processCPU() time.Duration {
 	var ru syscall.Rusage

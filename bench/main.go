@@ -250,6 +250,7 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 	rep := &Report{Command: cfg.command(), Quick: cfg.quick, Started: time.Now(), Machine: machine(),
 		Workers: cfg.workers, Permits: cfg.permits, Hold: cfg.hold}
 	rep.Machine.LoadStart = loadAvg()
+	cpu := startCPU()
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(log, "%7.1fs  %s\n", time.Since(rep.Started).Seconds(), fmt.Sprintf(format, a...))
 	}
@@ -337,7 +338,9 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 	}
 	rep.Elapsed = time.Since(rep.Started)
 	rep.Machine.LoadEnd = loadAvg()
-	logf("load average at end: %s", rep.Machine.LoadEnd)
+	rep.CPU = cpu.Stop()
+	logf("load average at end: %s; machine CPU %.0f%% busy over the run, this harness %.2f cores", rep.Machine.LoadEnd,
+		100*rep.CPU.MachineBusy, rep.CPU.HarnessCores)
 	return rep
 }
 
@@ -362,7 +365,7 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			fail("cycle", err)
 		} else {
 			res.Cycle = r
-			logf("%s cycle: p50 %s p99 %s (n=%d)", key, fmtDur(r.P50), fmtDur(r.P99), r.N)
+			logf("%s cycle: p50 %s p99 %s (n=%d); machine CPU %.0f%% busy", key, fmtDur(r.P50), fmtDur(r.P99), r.N, 100*r.CPU.MachineBusy)
 		}
 	}
 	if cfg.has("contention") {
@@ -372,7 +375,7 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			res.Contention = r
 			logf("%s contention: %.0f/s (%.0f%% of %.0f/s), wait p50 %s p99 %s, max/min %.2f CV %.3f, peak holders %d; mean hold %s, release p50 %s p99 %s, slot idle p50 %s mean %s; machine CPU %.0f%% busy, harness %.2f cores",
 				key, r.Throughput, r.Percent(), r.Ceiling, fmtDur(r.Wait.P50), fmtDur(r.Wait.P99), r.Fair.MaxMin, r.Fair.CV, r.Peak,
-				fmtDur(r.MeanHold), fmtDur(r.Release.P50), fmtDur(r.Release.P99), fmtDur(r.Gap.P50), fmtDur(r.Gap.Mean), 100*r.MachineBusy, r.ProcessCPU.Seconds()/r.Duration.Seconds())
+				fmtDur(r.MeanHold), fmtDur(r.Release.P50), fmtDur(r.Release.P99), fmtDur(r.Gap.P50), fmtDur(r.Gap.Mean), 100*r.CPU.MachineBusy, r.CPU.HarnessCores)
 		}
 	}
 	if cfg.has("handoff") {
@@ -390,7 +393,7 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			fail("handoff", err)
 		} else {
 			res.Handoff = r
-			logf("%s handoff: p50 %s p99 %s (n=%d)", key, fmtDur(r.P50), fmtDur(r.P99), r.N)
+			logf("%s handoff: p50 %s p99 %s (n=%d); machine CPU %.0f%% busy", key, fmtDur(r.P50), fmtDur(r.P99), r.N, 100*r.CPU.MachineBusy)
 		}
 	}
 	if cfg.has("sems") {
@@ -434,7 +437,8 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 		if err != nil {
 			fail("bign", err)
 		} else {
-			logf("%s N=%d: init %s, census p50 %s, cycle %s", key, r.N, fmtDur(r.Init), fmtDur(r.Status.P50), fmtDur(r.Cycle))
+			logf("%s N=%d: init %s, first cycle %s, next cycles p50 %s, census p50 %s, cycle after the census %s", key, r.N,
+				fmtDur(r.Init), fmtDur(r.First), fmtDur(r.Cycle.P50), fmtDur(r.Status.P50), fmtDur(r.AfterCensus))
 		}
 	}
 }

@@ -20,7 +20,7 @@ func TestWriteTable(t *testing.T) {
 // the rest, and RabbitMQ misses its throughput target.
 func sampleReport() *Report {
 	nats := &SystemResult{Key: "natssem", Label: "natssem", Tokensem: true, Errs: map[string]string{},
-		Cycle:      &CycleResult{Summary{N: 100, P50: 100 * time.Microsecond, P99: 400 * time.Microsecond}},
+		Cycle:      &CycleResult{Summary: Summary{N: 100, P50: 100 * time.Microsecond, P99: 400 * time.Microsecond}},
 		Contention: &ContentionResult{Workers: 32, N: 4, Hold: time.Millisecond, Throughput: 3600, Ceiling: 4000, Peak: 4},
 		Handoff:    &HandoffResult{Summary: Summary{N: 10, P50: 300 * time.Microsecond, P99: 900 * time.Microsecond}},
 		Sems:       &SemsResult{Count: 1000, Clients: 1},
@@ -28,7 +28,7 @@ func sampleReport() *Report {
 		BigN:       &BigNResult{N: 10000},
 	}
 	amqp := &SystemResult{Key: "amqpsem", Label: "amqpsem", Tokensem: true, Errs: map[string]string{"bign": "boom"},
-		Cycle:      &CycleResult{Summary{N: 100, P50: 900 * time.Microsecond}},
+		Cycle:      &CycleResult{Summary: Summary{N: 100, P50: 900 * time.Microsecond}},
 		Contention: &ContentionResult{Workers: 32, N: 4, Hold: time.Millisecond, Throughput: 2000, Ceiling: 4000, Peak: 4},
 		Bounds:     []string{"waiters bounded to 1000"},
 	}

@@ -14,6 +14,7 @@ import (
 // CycleResult: one client's uncontended Acquire+Release.
 type CycleResult struct {
 	Summary
+	CPU CPUUse
 }
 
 // runCycle measures samples acquire+release cycles of one client on a
@@ -31,6 +32,7 @@ func runCycle(ctx context.Context, sys System, name string, samples int) (*Cycle
 	}
 	defer s.Close()
 	d := make([]time.Duration, 0, samples)
+	cpu := startCPU()
 	for i := range samples + samples/10 {
 		t0 := time.Now()
 		h, err := s.Acquire(ctx)
@@ -44,7 +46,7 @@ func runCycle(ctx context.Context, sys System, name string, samples int) (*Cycle
 			d = append(d, time.Since(t0))
 		}
 	}
-	return &CycleResult{Summarize(d)}, nil
+	return &CycleResult{Summary: Summarize(d), CPU: cpu.Stop()}, nil
 }
 
 // ContentionResult: workers loop acquire, hold, release on N permits.
@@ -62,11 +64,10 @@ type ContentionResult struct {
 	// a holder's Release to the next holder of the same slot returning from
 	// Acquire (tokensem only: a Redis permit has no slot identity). With
 	// every worker busy, throughput ≈ N / (mean hold + mean gap).
-	Gap         Summary
-	Fair        Fairness
-	Peak        int           // most holders at once (Meter)
-	MachineBusy float64       // share of all the machine's CPU busy during the window
-	ProcessCPU  time.Duration // CPU time of this process (clients, embedded NATS) in the window
+	Gap  Summary
+	Fair Fairness
+	Peak int // most holders at once (Meter)
+	CPU  CPUUse
 }
 
 // Percent is the throughput as a share of the ceiling.
@@ -116,7 +117,7 @@ func runContention(ctx context.Context, sys System, name string, workers, n int,
 	gaps := make([][]time.Duration, workers)
 	lastRelease := make([]atomic.Int64, n) // per slot: unix ns of the latest Release call
 	errs := make([]error, workers)
-	cpu0, pcpu0 := readCPU(), processCPU()
+	cpu := startCPU()
 	start := time.Now()
 	deadline := start.Add(dur)
 	wctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
@@ -167,12 +168,12 @@ func runContention(ctx context.Context, sys System, name string, workers, n int,
 		})
 	}
 	wg.Wait()
-	busy, pcpu := busySince(cpu0), processCPU()-pcpu0
+	use := cpu.Stop()
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	r := &ContentionResult{Workers: workers, N: n, Hold: hold, Duration: dur, Peak: m.Peak(),
-		Ceiling: float64(n) / hold.Seconds(), Fair: FairnessOf(counts), MachineBusy: busy, ProcessCPU: pcpu}
+		Ceiling: float64(n) / hold.Seconds(), Fair: FairnessOf(counts), CPU: use}
 	var all, allRel, allGap []time.Duration
 	var holdSum time.Duration
 	for w := range workers {
@@ -196,6 +197,7 @@ func runContention(ctx context.Context, sys System, name string, workers, n int,
 type HandoffResult struct {
 	Summary
 	Samples []time.Duration
+	CPU     CPUUse
 }
 
 // runHandoff measures, samples times, the time from a holder's Release
@@ -231,6 +233,7 @@ func runHandoff(ctx context.Context, sys System, name string, samples int, settl
 		err error
 	}
 	var d []time.Duration
+	cpu := startCPU()
 	for i := range samples + max(samples/20, 2) {
 		h, err := holder.Acquire(ctx)
 		if err != nil {
@@ -269,7 +272,7 @@ func runHandoff(ctx context.Context, sys System, name string, samples int, settl
 			return nil, err
 		}
 	}
-	return &HandoffResult{Summary: Summarize(d), Samples: d}, nil
+	return &HandoffResult{Summary: Summarize(d), Samples: d, CPU: cpu.Stop()}, nil
 }
 
 // SemsResult: many semaphores on one broker.
@@ -541,15 +544,18 @@ func runWaiters(ctx context.Context, sys System, name string, waiters, n int, ho
 
 // BigNResult: one semaphore of many permits.
 type BigNResult struct {
-	N      int
-	Init   time.Duration
-	Status Summary // census of all N tokens
-	Census Census
-	Cycle  time.Duration
+	N           int
+	Init        time.Duration
+	First       time.Duration // the first acquire+release
+	Cycle       Summary       // the next ten
+	Status      Summary       // census of all N tokens
+	Census      Census
+	AfterCensus time.Duration // an acquire+release right after the last census
 }
 
-// runBigN creates a semaphore of n permits, takes statuses censuses and
-// runs one acquire+release.
+// runBigN creates a semaphore of n permits, runs acquire+release cycles
+// (the first apart, then ten more), takes statuses censuses, and runs one
+// more cycle right after them.
 func runBigN(ctx context.Context, sys System, name string, n, statuses int) (*BigNResult, error) {
 	cl, err := sys.Connect(ctx)
 	if err != nil {
@@ -565,25 +571,42 @@ func runBigN(ctx context.Context, sys System, name string, n, statuses int) (*Bi
 	}
 	defer s.Close()
 	r.Init = time.Since(t0)
+	cycle := func() (time.Duration, error) {
+		t := time.Now()
+		h, err := s.Acquire(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if err := h.Release(ctx); err != nil {
+			return 0, err
+		}
+		return time.Since(t), nil
+	}
+	if r.First, err = cycle(); err != nil {
+		return r, err
+	}
+	var cycles []time.Duration
+	for range 10 {
+		d, err := cycle()
+		if err != nil {
+			return r, err
+		}
+		cycles = append(cycles, d)
+	}
+	r.Cycle = Summarize(cycles)
 	var st []time.Duration
 	for range statuses {
 		t := time.Now()
 		if r.Census, err = s.Status(ctx); err != nil {
-			return nil, err
+			return r, err
 		}
 		st = append(st, time.Since(t))
 	}
 	r.Status = Summarize(st)
-	t := time.Now()
-	h, err := s.Acquire(ctx)
-	if err != nil {
-		return nil, err
+	if r.AfterCensus, err = cycle(); err != nil {
+		return r, err
 	}
-	if err := h.Release(ctx); err != nil {
-		return nil, err
-	}
-	r.Cycle = time.Since(t)
-	if r.Census.Permits != n || !r.Census.Healthy {
+	if statuses > 0 && (r.Census.Permits != n || !r.Census.Healthy) {
 		return r, fmt.Errorf("census of %d permits: %+v", n, r.Census)
 	}
 	return r, nil

@@ -26,7 +26,7 @@ type Mark struct {
 // Plot geometry, in SVG user units.
 const (
 	svgW                = 900.0 // the height depends on the legend
-	plotL, plotR, plotT = 80.0, 30.0, 50.0
+	plotL, plotR, plotT = 80.0, 45.0, 50.0
 	plotH               = 380.0
 	maxPoints           = 400 // per series
 )
@@ -119,7 +119,7 @@ func WriteCDF(w io.Writer, title string, series []Series, marks []Mark) error {
 		return errors.New("svg: no series to plot")
 	}
 	legendRowH := 20.0
-	height := plotT + plotH + 60 + legendRowH*float64(len(series)) + 20
+	height := plotT + plotH + 60 + legendRowH*float64(len(series))
 	x0, x1 := plotL, svgW-plotR
 	y0, y1 := plotT+plotH, plotT // fraction 0 at the bottom
 	ax := newLogAxis(series, marks, x0, x1)
@@ -149,7 +149,7 @@ func WriteCDF(w io.Writer, title string, series []Series, marks []Mark) error {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%.0f%%</text>`+"\n", x0-6, y(f)+4, 100*f)
 	}
 	fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#999" stroke-dasharray="2,3"/>`+"\n", x0, y(0.99), x1, y(0.99))
-	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" fill="#777">99%%</text>`+"\n", x0-6, y(0.99)+4-8)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="#777">99%%</text>`+"\n", x1+4, y(0.99)+4)
 	for _, m := range marks {
 		x := ax.X(m.At)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6,4"/>`+"\n", x, y1, x, y0)
