@@ -176,7 +176,7 @@ func TestGateByKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer group.Close()
-	gate, err := httpsem.New(httpsem.ByKey(group, httpsem.Header("X-Tenant")), httpsem.WithWait(100*time.Millisecond))
+	gate, err := httpsem.New(httpsem.ByKey(group, httpsem.Header("X-Tenant")), httpsem.WithWait(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,5 +327,30 @@ func TestHeader(t *testing.T) {
 	r.Header.Set("X-Tenant", "42")
 	if k, err := key(r); k != "42" || err != nil {
 		t.Fatalf("key = %q, %v", k, err)
+	}
+}
+
+// TestGateByKeySlowOpen: creating a tenant's semaphore takes longer than the
+// wait budget, yet its first request is served, not rejected: ByKey opens
+// the semaphore before the budget starts.
+func TestGateByKeySlowOpen(t *testing.T) {
+	nc := connect(t)
+	group, err := semgroup.New(func(ctx context.Context, name string, n int) (tokensem.Semaphore, error) {
+		time.Sleep(300 * time.Millisecond) // a slow broker, six budgets long
+		return natssem.Init(ctx, nc, name, n)
+	}, 1, semgroup.WithPrefix(uniqueName("slow")+"-"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer group.Close()
+	gate, err := httpsem.New(httpsem.ByKey(group, httpsem.Header("X-Tenant")), httpsem.WithWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, client := serve(t, gate.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	})))
+	if res := get(client, ts.URL, "X-Tenant", "new"); res.err != nil || res.code != http.StatusOK {
+		t.Fatalf("first request of a new tenant: %+v, want 200", res)
 	}
 }

@@ -23,15 +23,18 @@ func Fixed(s tokensem.Semaphore) Picker {
 }
 
 // ByKey gates each request with the semaphore of its key in g: key(r)
-// names it (a tenant, an API key, a route), and g opens it on first use.
-// A key g refuses is answered 400 by the default error handler.
+// names it (a tenant, an API key, a route). On a key's first use the
+// semaphore is opened (g.Open) before the wait budget starts, so creating
+// it never turns into a 429. A key g refuses is answered 400 by the
+// default error handler, a failed open (a permit-count mismatch, an
+// unreachable broker) 503.
 func ByKey(g *semgroup.Group, key func(r *http.Request) (string, error)) Picker {
 	return func(r *http.Request) (tokensem.Semaphore, error) {
 		k, err := key(r)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := g.Name(k); err != nil {
+		if err := g.Open(r.Context(), k); err != nil {
 			return nil, err
 		}
 		return g.For(k), nil

@@ -123,6 +123,21 @@ func (g *Group) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	return tokensem.Do(ctx, g.For(key), fn, opts...)
 }
 
+// Open opens key's semaphore if it is not cached — creating it with its
+// permits through the InitFunc — without taking a permit. Acquire does the
+// same on first use; Open lets a caller pay for the open outside a wait
+// budget (httpsem.ByKey does), or fail early on a bad key or a mismatch.
+//
+// Errors: as Acquire, without the semaphore's Acquire error.
+func (g *Group) Open(ctx context.Context, key string) error {
+	e, err := g.use(ctx, key)
+	if err != nil {
+		return err
+	}
+	g.unref(e)
+	return nil
+}
+
 // Status takes a census of key's semaphore, opening it if needed.
 //
 // Errors: as Acquire, or the semaphore's Status error.

@@ -420,3 +420,29 @@ func TestDoWithFallback(t *testing.T) {
 		t.Fatalf("For(k).TryAcquire = %v, want ErrNoPermit", err)
 	}
 }
+
+// TestOpen opens a key without taking a permit, once.
+func TestOpen(t *testing.T) {
+	tr := track(natsInit(t))
+	prefix := uniquePrefix()
+	g := newGroup(t, tr.Init, 2, semgroup.WithPrefix(prefix))
+	ctx := bounded(t)
+	for range 2 {
+		if err := g.Open(ctx, "o"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if inits, _ := tr.counts(prefix + "o"); inits != 1 || g.Len() != 1 {
+		t.Fatalf("%d inits, %d cached after two Opens; want 1, 1", inits, g.Len())
+	}
+	st, err := g.Status(ctx, "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Available != 2 || st.Held != 0 {
+		t.Fatalf("after Open: %d available, %d held; want 2, 0", st.Available, st.Held)
+	}
+	if err := g.Open(ctx, "a.b"); !errors.Is(err, tokensem.ErrInvalidName) {
+		t.Fatalf("Open(a.b) = %v, want ErrInvalidName", err)
+	}
+}
