@@ -86,8 +86,8 @@ func noPermitInTime(ctx context.Context, err error) bool {
 //
 // By default Do waits for a permit until ctx ends. WithWait gives the wait a
 // budget, after which Do returns an error wrapping ErrNoPermit; WithFallback
-// runs a function instead of failing when no permit came in time, so a caller can shed load, serve a cached answer or
-// queue the work elsewhere:
+// runs a function instead of failing when no permit came in time, so that a
+// caller can shed load, serve a cached answer or queue the work elsewhere:
 //
 //	err := tokensem.Do(ctx, sem, render,
 //		tokensem.WithWait(200*time.Millisecond),
