@@ -2,14 +2,21 @@ package amqpsem
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	neturl "net/url"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -22,6 +29,16 @@ var ErrAuth = errors.New("amqpsem: credentials refused")
 
 // ErrUnreachable wraps a broker that could not be reached.
 var ErrUnreachable = errors.New("amqpsem: broker unreachable")
+
+// ErrTLS wraps a connection whose TLS handshake failed: the broker's
+// certificate is not trusted (unknown authority, expired, issued for another
+// host), the broker refused the client's certificate (or wanted one; also
+// assumed when it closes the connection right after the handshake, before
+// saying anything), or the peer does not speak TLS (an amqps:// URL for a
+// plaintext port). It is not ErrUnreachable: the broker answered, and
+// retrying will not help until the configuration changes. A broker that does
+// not answer the handshake in time is ErrUnreachable.
+var ErrTLS = errors.New("amqpsem: TLS handshake failed")
 
 // ErrBlocked wraps a publish that did not complete while the broker was
 // blocking publishers on the connection (connection.blocked: a memory or
@@ -49,7 +66,9 @@ const handshakeTimeout = 10 * time.Second
 // 3.10.8), so the holders learn of the loss first even when only one
 // direction of the link fails.
 type Conn struct {
-	url       string
+	url       string      // as given to Dial
+	dialURL   string      // what amqp091 dials: url, or its amqp:// form for amqps:// (Conn does the TLS)
+	tls       *tls.Config // amqps://: the client's configuration; nil for amqp://
 	heartbeat time.Duration
 	log       *slog.Logger
 
@@ -65,7 +84,8 @@ type Conn struct {
 // session is one live AMQP connection.
 type session struct {
 	conn    *amqp.Connection
-	sock    net.Conn
+	sock    net.Conn               // the TCP connection
+	tls     *tlsConn               // over sock for amqps://, else nil
 	lost    chan struct{}          // closed when this connection is gone
 	version string                 // server version, e.g. "3.10.8"
 	blocked atomic.Pointer[string] // the broker's reason while it blocks publishing
@@ -87,6 +107,29 @@ func WithHeartbeat(d time.Duration) DialOption {
 	}
 }
 
+// WithTLS sets the TLS configuration of an amqps:// connection (Dial rejects
+// it for amqp://). Dial keeps a copy, with ServerName set to the URL's host
+// when it is empty. Without WithTLS, an amqps:// URL follows amqp091's
+// conventions: it verifies the broker against the system's roots, or the
+// file named by the URL's cacertfile query parameter, presents the client
+// certificate of certfile and keyfile if both are given, and expects the
+// certificate to name server_name_indication, else the URL's host. WithTLS
+// overrides those parameters. A nil config is an error.
+//
+// Dial's context and its handshake timeout bound the TLS handshake too. A
+// failed handshake, a broker that refuses the client's certificate, and a
+// broker that closes the connection right after the handshake (how some
+// refuse a certificate) are errors wrapping ErrTLS.
+func WithTLS(cfg *tls.Config) DialOption {
+	return func(c *Conn) error {
+		if cfg == nil {
+			return fmt.Errorf("%w: nil TLS config", tokensem.ErrInvalidOption)
+		}
+		c.tls = cfg.Clone()
+		return nil
+	}
+}
+
 // WithDialLogger sets the connection's logger (default: discard).
 func WithDialLogger(l *slog.Logger) DialOption {
 	return func(c *Conn) error {
@@ -98,9 +141,10 @@ func WithDialLogger(l *slog.Logger) DialOption {
 	}
 }
 
-// Dial connects to the broker at url (amqp:// or amqps://). The first
-// connection is made before Dial returns: an unreachable broker is an error
-// wrapping ErrUnreachable, refused credentials one wrapping ErrAuth.
+// Dial connects to the broker at url (amqp:// or amqps://; see WithTLS).
+// The first connection is made before Dial returns: an unreachable broker
+// is an error wrapping ErrUnreachable, refused credentials one wrapping
+// ErrAuth, a failed TLS handshake one wrapping ErrTLS.
 func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 	c := &Conn{url: url, heartbeat: DefaultHeartbeat, log: slog.New(slog.DiscardHandler),
 		locks: make(map[string]*sync.Mutex), changed: make(chan struct{}), done: make(chan struct{})}
@@ -112,6 +156,20 @@ func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 	if !strings.HasPrefix(url, "amqp://") && !strings.HasPrefix(url, "amqps://") {
 		return nil, fmt.Errorf("%w: url %q is not amqp:// or amqps://", tokensem.ErrInvalidOption, redact(url))
 	}
+	if c.tls != nil && !strings.HasPrefix(url, "amqps://") {
+		return nil, fmt.Errorf("%w: WithTLS needs an amqps:// url, not %q", tokensem.ErrInvalidOption, redact(url))
+	}
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		// The parser's message quotes the URL, password included.
+		return nil, fmt.Errorf("%w: url %q: %s", tokensem.ErrInvalidOption, redact(url), redact(err.Error()))
+	}
+	c.dialURL = url
+	if uri.Scheme == "amqps" {
+		if err := c.prepareTLS(uri); err != nil {
+			return nil, err
+		}
+	}
 	s, err := c.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -120,6 +178,44 @@ func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 	c.wg.Add(1)
 	go c.supervise(s)
 	return c, nil
+}
+
+// prepareTLS sets up an amqps:// URL: the TLS configuration (WithTLS's, else
+// one from the URL as amqp091 would make it), and the amqp:// URL of the
+// same broker that amqp091 is given. Conn does the TLS handshake itself, so
+// that it can tell a refused certificate from a network failure.
+func (c *Conn) prepareTLS(uri amqp.URI) error {
+	if c.tls == nil {
+		cfg := &tls.Config{ServerName: uri.ServerName, MinVersion: tls.VersionTLS12}
+		if uri.CACertFile != "" {
+			pem, err := os.ReadFile(uri.CACertFile)
+			if err != nil {
+				return fmt.Errorf("%w: cacertfile: %w", tokensem.ErrInvalidOption, err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("%w: cacertfile %s: no PEM certificate", tokensem.ErrInvalidOption, uri.CACertFile)
+			}
+		}
+		if uri.CertFile != "" && uri.KeyFile != "" {
+			pair, err := tls.LoadX509KeyPair(uri.CertFile, uri.KeyFile)
+			if err != nil {
+				return fmt.Errorf("%w: certfile/keyfile: %w", tokensem.ErrInvalidOption, err)
+			}
+			cfg.Certificates = []tls.Certificate{pair}
+		}
+		c.tls = cfg
+	}
+	if c.tls.ServerName == "" {
+		c.tls.ServerName = uri.Host
+	}
+	u, err := neturl.Parse(c.url)
+	if err != nil { // amqp.ParseURI accepted it: cannot happen
+		return fmt.Errorf("%w: url %q", tokensem.ErrInvalidOption, redact(c.url))
+	}
+	u.Scheme, u.Host = "amqp", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+	c.dialURL = u.String()
+	return nil
 }
 
 func (c *Conn) connect(ctx context.Context) (*session, error) {
@@ -146,14 +242,38 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 				return nil, err
 			}
 			s.sock = conn
-			return conn, nil
+			if c.tls == nil {
+				return conn, nil
+			}
+			tc := tls.Client(conn, c.tls)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				_ = conn.Close()
+				return nil, err
+			}
+			s.tls = &tlsConn{Conn: tc}
+			return s.tls, nil
 		},
 	}
-	conn, err := amqp.DialConfig(c.url, cfg)
+	conn, err := amqp.DialConfig(c.dialURL, cfg)
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused || errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrSASL) {
 			return nil, fmt.Errorf("%w: %s: %w", ErrAuth, redact(c.url), err)
+		}
+		if isTLSFailure(err) {
+			return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(c.url), err)
+		}
+		if s.tls != nil {
+			// amqp091 keeps only the text of a read error; the TLS layer's
+			// own error says whether the broker refused the client.
+			read, ioErr := s.tls.state()
+			switch {
+			case isTLSFailure(ioErr):
+				return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(c.url), ioErr)
+			case read == 0 && isClosed(ioErr):
+				return nil, fmt.Errorf("%w: %s: the broker closed the connection right after the TLS handshake (does it refuse the client certificate?): %w",
+					ErrTLS, redact(c.url), ioErr)
+			}
 		}
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, redact(c.url), err)
 	}
@@ -414,6 +534,74 @@ func (c *Conn) Close() error {
 		err = nil
 	}
 	return err
+}
+
+// isTLSFailure reports whether err is a TLS handshake that failed for its
+// content (certificates, protocol), not for the network.
+func isTLSFailure(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		record   tls.RecordHeaderError
+		alert    tls.AlertError
+		op       *net.OpError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
+		errors.As(err, &invalid) || errors.As(err, &record) || errors.As(err, &alert) ||
+		// crypto/tls reports an alert from the peer this way.
+		errors.As(err, &op) && op.Op == "remote error"
+}
+
+// isClosed reports whether err is the peer closing or resetting the
+// connection.
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// tlsConn is the TLS connection handed to amqp091. It records how many
+// bytes the broker sent after the handshake and the first I/O error: with
+// TLS 1.3 the client's side of the handshake ends before the broker has
+// checked the client's certificate, so a refusal arrives on the first read
+// (an alert) or as the connection closing, during the AMQP handshake.
+type tlsConn struct {
+	*tls.Conn
+	read  atomic.Int64
+	mu    sync.Mutex
+	ioErr error
+}
+
+func (t *tlsConn) Read(p []byte) (int, error) {
+	n, err := t.Conn.Read(p)
+	t.read.Add(int64(n))
+	t.fail(err)
+	return n, err
+}
+
+func (t *tlsConn) Write(p []byte) (int, error) {
+	n, err := t.Conn.Write(p)
+	t.fail(err)
+	return n, err
+}
+
+func (t *tlsConn) fail(err error) {
+	if err == nil {
+		return
+	}
+	t.mu.Lock()
+	if t.ioErr == nil {
+		t.ioErr = err
+	}
+	t.mu.Unlock()
+}
+
+// state returns the bytes read so far and the first I/O error.
+func (t *tlsConn) state() (read int64, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.read.Load(), t.ioErr
 }
 
 func redact(raw string) string {
