@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
@@ -35,7 +40,7 @@ type semOptions struct {
 func connect(ctx context.Context, g *globals) (backend, error) {
 	u, err := url.Parse(g.url)
 	if err != nil || u.Host == "" {
-		return nil, usageErr{fmt.Errorf("--url %q is not a broker URL (want nats://host:port)", g.url)}
+		return nil, usageErr{fmt.Errorf("--url %q is not a broker URL (want nats://host:port)", redact(g.url))}
 	}
 	switch strings.ToLower(u.Scheme) {
 	case "nats", "tls":
@@ -52,12 +57,41 @@ type amqpBackend struct {
 }
 
 func connectAMQP(ctx context.Context, g *globals) (backend, error) {
+	u, _ := url.Parse(g.url) // connect checked it
+	cr, err := resolveCredentials(g, u)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case cr.tokenSource != "":
+		return nil, usageErr{fmt.Errorf("%s applies to nats:// only: RabbitMQ takes a user and password", cr.tokenSource)}
+	case cr.creds != "":
+		return nil, usageErr{errors.New("--creds applies to nats:// only: RabbitMQ takes a user and password")}
+	}
+	raw := g.url
+	if cr.userpass {
+		u.User = url.UserPassword(cr.user, cr.password)
+		raw = u.String()
+	}
+	var opts []amqpsem.DialOption
+	tc, err := g.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		if !strings.EqualFold(u.Scheme, "amqps") {
+			return nil, usageErr{fmt.Errorf("--tls-* flags need an amqps:// URL, not %s", redact(g.url))}
+		}
+		opts = append(opts, amqpsem.WithTLS(tc))
+	}
 	dctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	c, err := amqpsem.Dial(dctx, g.url)
+	c, err := amqpsem.Dial(dctx, raw, opts...)
 	switch {
 	case errors.Is(err, amqpsem.ErrAuth):
 		return nil, authErr{err}
+	case errors.Is(err, amqpsem.ErrTLS):
+		return nil, unavailableErr{withTLSHint(err)}
 	case errors.Is(err, amqpsem.ErrUnreachable):
 		return nil, unavailableErr{err}
 	case err != nil:
@@ -112,14 +146,158 @@ func connectNATS(ctx context.Context, g *globals) (backend, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
 	}
-	nc, err := nats.Connect(g.url, nats.Name("seminit"), nats.Timeout(timeout))
+	u, _ := url.Parse(g.url) // connect checked it
+	cr, err := resolveCredentials(g, u)
 	if err != nil {
-		if isNATSAuth(err) {
-			return nil, authErr{fmt.Errorf("%s: %w", redact(g.url), err)}
+		return nil, err
+	}
+	opts := []nats.Option{nats.Name("seminit"), nats.Timeout(timeout)}
+	raw := g.url
+	if cr.userpass || cr.tokenSource != "" || cr.creds != "" {
+		// nats.go prefers the URL's userinfo to its options.
+		u.User = nil
+		raw = u.String()
+	}
+	switch {
+	case cr.userpass:
+		opts = append(opts, nats.UserInfo(cr.user, cr.password))
+	case cr.tokenSource != "":
+		opts = append(opts, nats.Token(cr.token))
+	case cr.creds != "":
+		o, err := natsCreds(cr.creds)
+		if err != nil {
+			return nil, err
 		}
-		return nil, unavailableErr{fmt.Errorf("%s: %w", redact(g.url), err)}
+		opts = append(opts, o)
+	}
+	tc, err := g.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	nc, err := nats.Connect(raw, opts...)
+	if err != nil {
+		err = fmt.Errorf("%s: %w", redact(g.url), err)
+		switch {
+		case isNATSAuth(err):
+			return nil, authErr{err}
+		case errors.Is(err, nats.ErrTLS):
+			return nil, unavailableErr{withTLSHint(err)}
+		case errors.Is(err, nats.ErrSecureConnWanted):
+			return nil, unavailableErr{fmt.Errorf("%w (the --tls-* flags ask for TLS)", err)}
+		}
+		// A refused client certificate arrives after the client's side of
+		// a TLS 1.3 handshake, not wrapped in nats.ErrTLS.
+		return nil, unavailableErr{withTLSHint(err)}
 	}
 	return natsBackend{nc: nc}, nil
+}
+
+// natsCreds reads a NATS credentials file (a user JWT and the user's nkey
+// seed, as `nsc generate creds` writes them). A file that is not one is a
+// usage error.
+func natsCreds(file string) (nats.Option, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, usageErr{fmt.Errorf("--creds: %w", err)}
+	}
+	if !bytes.Contains(b, []byte("-----BEGIN NATS USER JWT-----")) {
+		return nil, usageErr{fmt.Errorf("--creds %s: not a NATS credentials file (no user JWT)", file)}
+	}
+	jwt, err := nkeys.ParseDecoratedJWT(b)
+	if err != nil || strings.Count(jwt, ".") != 2 {
+		return nil, usageErr{fmt.Errorf("--creds %s: malformed user JWT", file)}
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return nil, usageErr{fmt.Errorf("--creds %s: no user nkey seed: %w", file, err)}
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, usageErr{fmt.Errorf("--creds %s: %w", file, err)}
+	}
+	return nats.UserJWTAndSeed(jwt, string(seed)), nil
+}
+
+// credentials are what a connection authenticates with: at most one of a
+// user and password, a token and a creds file.
+type credentials struct {
+	userpass       bool
+	user, password string
+	token          string
+	tokenSource    string // "--token" or "$TOKENSEM_TOKEN"; "" when no token
+	creds          string // NATS credentials file
+}
+
+// resolveCredentials combines the credential flags (and their environment
+// fallbacks) with the URL's userinfo: a flag wins over the URL. --password
+// without --user keeps the URL's user; --user without a password sends an
+// empty one. Two kinds at once are a usage error. With no flags at all the
+// result is empty and the URL's userinfo, if any, is used as it is.
+func resolveCredentials(g *globals, u *url.URL) (credentials, error) {
+	var cr credentials
+	pass, passSource := g.password()
+	cr.token, cr.tokenSource = g.token()
+	cr.creds = g.creds
+	var kinds []string
+	if g.user != "" || pass != "" {
+		cr.userpass = true
+		if g.user != "" {
+			kinds = append(kinds, "--user")
+		} else {
+			kinds = append(kinds, passSource)
+		}
+	}
+	if cr.tokenSource != "" {
+		kinds = append(kinds, cr.tokenSource)
+	}
+	if cr.creds != "" {
+		kinds = append(kinds, "--creds")
+	}
+	if len(kinds) > 1 {
+		return credentials{}, usageErr{fmt.Errorf("%s: give one kind of credentials: --user/--password, --token or --creds", strings.Join(kinds, " and "))}
+	}
+	if !cr.userpass {
+		return cr, nil
+	}
+	cr.user, cr.password = g.user, pass
+	if cr.user == "" && u.User != nil {
+		cr.user = u.User.Username()
+	}
+	if cr.user == "" {
+		return credentials{}, usageErr{fmt.Errorf("%s needs a user name: --user NAME, or one in the URL", passSource)}
+	}
+	return cr, nil
+}
+
+// withTLSHint adds to a TLS failure what the user can do about it.
+func withTLSHint(err error) error {
+	var (
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		record   tls.RecordHeaderError
+		alert    tls.AlertError
+	)
+	var hint string
+	switch {
+	case errors.As(err, &unknown):
+		hint = "the broker's certificate is not signed by a CA seminit trusts: give that CA with --tls-ca FILE"
+	case errors.As(err, &hostname):
+		hint = "the broker's certificate is not for the host in --url"
+	case errors.As(err, &invalid):
+		hint = "the broker's certificate is not valid (expired, or not a server certificate)"
+	case errors.As(err, &record):
+		hint = "the broker does not speak TLS on this port"
+	case errors.As(err, &alert), strings.Contains(err.Error(), "remote error: tls: "),
+		strings.Contains(err.Error(), "closed by remote after TLS handshake"):
+		hint = "the broker refused this client's TLS: does it want a client certificate (--tls-cert, --tls-key) it trusts?"
+	default:
+		return err
+	}
+	return fmt.Errorf("%w; %s", err, hint)
 }
 
 func isNATSAuth(err error) bool {
@@ -172,11 +350,18 @@ func classify(err error) error {
 	}
 }
 
-// redact hides a URL's password in messages.
+// redact hides a URL's password in messages, also in a URL that does not
+// parse.
 func redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil {
-		return "(bad url)"
+	if err == nil {
+		return u.Redacted()
 	}
-	return u.Redacted()
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if i := strings.LastIndex(rest, "@"); ok && i >= 0 {
+		if user, _, hasPass := strings.Cut(rest[:i], ":"); hasPass {
+			return scheme + "://" + user + ":xxxxx" + rest[i:]
+		}
+	}
+	return raw
 }

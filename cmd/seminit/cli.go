@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -34,7 +36,8 @@ const DefaultURL = "nats://127.0.0.1:4222"
 const usage = `seminit - distributed semaphores whose permits are broker messages
 
 Usage:
-  seminit server   [--listen 127.0.0.1:4222] [--store DIR]
+  seminit server   [--listen 127.0.0.1:4222] [--store DIR] [--user U --password P]
+                   [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
@@ -48,6 +51,24 @@ Flags common to init, status and exec:
   --json           machine-readable output
   --timeout DUR    bound on each broker round trip (default 10s)
   --key-file PATH  shared token signing key (else $TOKENSEM_KEY, else unsigned)
+
+Credentials and TLS (common to the same verbs; credentials in the URL,
+nats://user:pass@host or amqp://user:pass@host, work too; these flags win):
+  --user NAME      user name
+  --password PASS  password (else $TOKENSEM_PASSWORD, which keeps it off the
+                   command line)
+  --token TOKEN    NATS token (else $TOKENSEM_TOKEN); nats:// only
+  --creds FILE     NATS credentials file (user JWT and seed); nats:// only
+  --tls-ca FILE    PEM CA certificates to verify the broker with (default:
+                   the system's roots); implies TLS
+  --tls-cert FILE  PEM client certificate, with --tls-key FILE
+  --tls-insecure   do not verify the broker's certificate (warns; tests only)
+  TLS on RabbitMQ needs an amqps:// URL. A certificate the client or the
+  broker rejects exits 69 with the reason; refused credentials exit 77.
+
+seminit server: --user/--password (or $TOKENSEM_PASSWORD) require those
+credentials; --tls-cert/--tls-key serve TLS only (its URL is tls://), and
+--tls-ca FILE also requires client certificates signed by FILE's CAs.
 
 Exit codes: 0 ok, 1 failed (reconcile: unhealthy after the run), 64 usage or bad input, 69 broker unreachable,
 70 exec: permit lost (child stopped), 75 no permit within --wait, 77 credentials
@@ -64,6 +85,15 @@ type globals struct {
 	json    bool
 	timeout time.Duration
 	keyFile string
+
+	// Credentials; empty means not given. See password and token for the
+	// environment fallbacks.
+	user, passwordFlag, tokenFlag, creds string
+	// TLS; see tlsConfig.
+	tlsCA, tlsCert, tlsKey string
+	tlsInsecure            bool
+
+	warn io.Writer // warnings (--tls-insecure): the process's stderr
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -75,6 +105,86 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.BoolVar(&g.json, "json", false, "JSON output")
 	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on each broker round trip")
 	fs.StringVar(&g.keyFile, "key-file", "", "token signing key file")
+	fs.StringVar(&g.user, "user", "", "user name")
+	fs.StringVar(&g.passwordFlag, "password", "", "password (else $TOKENSEM_PASSWORD)")
+	fs.StringVar(&g.tokenFlag, "token", "", "NATS token (else $TOKENSEM_TOKEN)")
+	fs.StringVar(&g.creds, "creds", "", "NATS credentials file")
+	fs.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA certificates to verify the broker with")
+	fs.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate")
+	fs.StringVar(&g.tlsKey, "tls-key", "", "PEM key of the client certificate")
+	fs.BoolVar(&g.tlsInsecure, "tls-insecure", false, "do not verify the broker's certificate")
+	g.warn = os.Stderr
+}
+
+// password returns --password, else $TOKENSEM_PASSWORD, and where it came
+// from ("" when neither is set).
+func (g *globals) password() (pass, source string) {
+	if g.passwordFlag != "" {
+		return g.passwordFlag, "--password"
+	}
+	if p := os.Getenv("TOKENSEM_PASSWORD"); p != "" {
+		return p, "$TOKENSEM_PASSWORD"
+	}
+	return "", ""
+}
+
+// token returns --token, else $TOKENSEM_TOKEN, and where it came from.
+func (g *globals) token() (tok, source string) {
+	if g.tokenFlag != "" {
+		return g.tokenFlag, "--token"
+	}
+	if t := os.Getenv("TOKENSEM_TOKEN"); t != "" {
+		return t, "$TOKENSEM_TOKEN"
+	}
+	return "", ""
+}
+
+// tlsConfig returns the client TLS configuration the --tls-* flags ask
+// for, or nil when none is given. Unreadable or malformed files are usage
+// errors.
+func (g *globals) tlsConfig() (*tls.Config, error) {
+	if g.tlsCA == "" && g.tlsCert == "" && g.tlsKey == "" && !g.tlsInsecure {
+		return nil, nil
+	}
+	cfg, err := loadTLS(g.tlsCA, g.tlsCert, g.tlsKey)
+	if err != nil {
+		return nil, err
+	}
+	if g.tlsInsecure {
+		cfg.InsecureSkipVerify = true
+		fmt.Fprintln(g.warn, "seminit: warning: --tls-insecure: the broker's certificate is not verified; anyone on the path can impersonate it")
+	}
+	return cfg, nil
+}
+
+// loadTLS builds a TLS configuration from PEM files: caFile (CAs to verify
+// the peer with; "" for the system's roots) and a certificate and key
+// (both or neither).
+func loadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, usageErr{fmt.Errorf("--tls-ca: %w", err)}
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, usageErr{fmt.Errorf("--tls-ca %s: no PEM certificate in it", caFile)}
+		}
+	}
+	switch {
+	case certFile != "" && keyFile != "":
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, usageErr{fmt.Errorf("--tls-cert/--tls-key: %w", err)}
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	case certFile != "":
+		return nil, usageErr{errors.New("--tls-cert needs --tls-key")}
+	case keyFile != "":
+		return nil, usageErr{errors.New("--tls-key needs --tls-cert")}
+	}
+	return cfg, nil
 }
 
 // opTimeout bounds a whole non-waiting operation (init, status, open): a

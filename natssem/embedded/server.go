@@ -4,6 +4,7 @@
 package embedded
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -25,8 +26,17 @@ type Config struct {
 	StoreDir string
 	// ServerName names the server (default: a generated one).
 	ServerName string
-	// Options, if set, is called with the server options before start, to
-	// add authentication, TLS or clustering.
+	// User and Password, when User is set, are the only credentials the
+	// server accepts. Default: no authentication.
+	User, Password string
+	// TLS, when set, makes the server require TLS with this configuration
+	// (URL then returns tls://host:port). A ClientAuth of
+	// tls.RequireAndVerifyClientCert also makes it require client
+	// certificates. Default: plaintext.
+	TLS *tls.Config
+	// Options, if set, is called with the server options before start
+	// (after User, Password and TLS are applied), to add other
+	// authentication, TLS settings or clustering.
 	Options func(*server.Options) error
 	// ReadyTimeout bounds the wait for the server to accept connections.
 	// Default 10s.
@@ -43,6 +53,9 @@ type Server struct {
 func Start(cfg Config) (*Server, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.User == "" && cfg.Password != "" {
+		return nil, errors.New("embedded: a Password needs a User")
 	}
 	host, portStr, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
@@ -70,6 +83,14 @@ func Start(cfg Config) (*Server, error) {
 		StoreDir:   cfg.StoreDir,
 		NoSigs:     true,
 		NoLog:      true,
+		Username:   cfg.User,
+		Password:   cfg.Password,
+	}
+	if cfg.TLS != nil {
+		opts.TLSConfig = cfg.TLS.Clone()
+		opts.TLS = true
+		opts.TLSVerify = cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+		opts.TLSTimeout = 5 // seconds to complete the handshake
 	}
 	if cfg.Options != nil {
 		if err := cfg.Options(opts); err != nil {
@@ -97,7 +118,8 @@ func Start(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// URL returns the client URL, nats://host:port.
+// URL returns the client URL, nats://host:port, or tls://host:port when
+// the server requires TLS. It never carries credentials.
 func (s *Server) URL() string { return s.ns.ClientURL() }
 
 // Addr returns the address clients connect to.
