@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -74,7 +76,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(childEnv(os.Environ()),
 		"TOKENSEM_NAME="+*name,
 		"TOKENSEM_SLOT="+strconv.Itoa(p.Token().Index),
 		"TOKENSEM_FENCE="+strconv.FormatUint(p.Fence(), 10),
@@ -139,4 +141,20 @@ func childExit(err error) error {
 		return exitCodeErr{code: ee.ExitCode()}
 	}
 	return exitCodeErr{code: exitFailure, err: err}
+}
+
+// secretEnv are the variables that carry broker credentials or the signing
+// key: seminit read them, the command it runs does not get them.
+var secretEnv = []string{"TOKENSEM_PASSWORD", "TOKENSEM_TOKEN", "TOKENSEM_KEY"}
+
+// childEnv is env without the secrets.
+func childEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(secretEnv, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
