@@ -37,11 +37,11 @@ const usage = `seminit - distributed semaphores whose permits are broker message
 
 Usage:
   seminit server   [--listen 127.0.0.1:4222] [--store DIR] [--user U --password P]
-                   [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]
+                   [--tls-cert FILE --tls-key FILE [--tls-ca FILE]] [--metrics-listen ADDR]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
-  seminit reconcile --name NAME [--repair] [--watch INTERVAL]
+  seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
 
 Flags common to init, status and exec:

@@ -58,3 +58,32 @@ func TestMetricsListenNeedsWatch(t *testing.T) {
 		t.Fatalf("%v", r)
 	}
 }
+
+// TestServerMetrics: `seminit server --metrics-listen` serves the embedded
+// NATS server's counters.
+func TestServerMetrics(t *testing.T) {
+	listen, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, err := freeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startSeminit(t, natsBroker().env(), "server", "--listen", listen, "--metrics-listen", metrics)
+	p.waitLine(30 * time.Second)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(p.stderr.String(), "metrics on"); {
+		if time.Now().After(deadline) || p.exited() {
+			t.Fatalf("the metrics address was never announced: %q", p.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b := broker{name: "nats", url: "nats://" + listen, store: "stream", prefix: "TOKENSEM_", leases: true}
+	b.mustInit(t, uniqueName(t), 2)
+	body := scrape(t, "http://"+metrics+"/metrics")
+	for _, want := range []string{"tokensem_nats_connections ", "tokensem_nats_jetstream_streams 2", "process_cpu_seconds_total"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %q in the server's metrics:\n%s", want, body)
+		}
+	}
+}

@@ -23,6 +23,7 @@ func runServer(ctx context.Context, e env, args []string) error {
 	tlsCert := fs.String("tls-cert", "", "serve TLS with this PEM certificate (with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "PEM key of --tls-cert")
 	tlsCA := fs.String("tls-ca", "", "require client certificates signed by these PEM CAs")
+	metricsAddr := fs.String("metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics")
 	if err := parse(fs, args, false); err != nil {
 		return err
 	}
@@ -77,6 +78,15 @@ func runServer(ctx context.Context, e env, args []string) error {
 		extra += ", client certificates required"
 	}
 	fmt.Fprintf(e.stdout, "seminit: NATS JetStream listening on %s, store %s%s\n", srv.URL(), where, extra)
+	if *metricsAddr != "" {
+		reg := newRegistry()
+		reg.MustRegister(newNATSCollector(srv.NATS()))
+		stop, err := serveMetrics(ctx, e, *metricsAddr, reg)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	<-ctx.Done()
 	fmt.Fprintln(e.stdout, "seminit: shutting down")
 	return nil
