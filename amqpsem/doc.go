@@ -47,6 +47,16 @@
 // version and disables the limit on 4.x; on 3.x it sets nothing, because
 // there the disabling values drop a token on its first return.
 //
+// # Connections, TLS and credentials
+//
+// Dial takes amqp:// or amqps:// URLs with credentials in the URL. For
+// amqps://, WithTLS sets the TLS configuration (default: the system's roots
+// and the URL's host, or amqp091's cacertfile/certfile/keyfile URL
+// parameters). A refused login wraps ErrAuth, a failed TLS handshake
+// ErrTLS, a broker that cannot be reached ErrUnreachable, and a publish
+// that waited while the broker blocked publishers (a memory or disk alarm)
+// ErrBlocked, with the broker's reason.
+//
 // # Limits
 //
 // RabbitMQ has no lease: a holder keeps its permit until it releases, its
