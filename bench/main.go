@@ -42,6 +42,7 @@ type config struct {
 	systems    []string
 	scenarios  []string
 	amqpURL    string
+	natsURL    string
 	redisBin   string
 	workers    int
 	permits    int
@@ -55,6 +56,7 @@ type config struct {
 	cpuProfile string
 	timeout    time.Duration
 	sleepHold  bool
+	idle       time.Duration
 	args       []string
 }
 
@@ -72,6 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.out, "out", "", "directory to write bench.md and handoff.svg to (default: print the markdown only)")
 	fs.BoolVar(&c.quick, "quick", false, "short runs (fewer samples, 3 s of contention): the whole run takes a few minutes")
 	fs.StringVar(&c.amqpURL, "amqp-url", cmp.Or(os.Getenv("RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (default $RABBITMQ_URL)")
+	fs.StringVar(&c.natsURL, "nats-url", "", "run natssem on this NATS server (with JetStream) instead of an embedded one")
 	fs.StringVar(&c.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH)")
 	fs.IntVar(&c.workers, "workers", 32, "contention: workers, each on a connection of its own")
 	fs.IntVar(&c.permits, "permits", 4, "contention and waiters: permits N")
@@ -82,6 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.waiters, "waiters", 5000, "waiters: callers blocked on one semaphore")
 	fs.IntVar(&c.amqpWaits, "amqp-waiters", 5000, "waiters: bound for RabbitMQ (each waiter is a channel and a consumer)")
 	fs.IntVar(&c.bigN, "bign", 10000, "bign: permits of the large semaphore")
+	fs.DurationVar(&c.idle, "handoff-idle", time.Millisecond, "handoff: how long the waiter has been waiting (counted by the broker) when the holder releases")
 	fs.BoolVar(&c.sleepHold, "sleep-hold", false, "hold with time.Sleep instead of a nanosleep system call (the Go timer fires late when the CPUs are busy)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.DurationVar(&c.timeout, "timeout", 45*time.Minute, "give up on the whole run after this long")
@@ -103,6 +107,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		if c.quick {
 			c.duration = 3 * time.Second
 		}
+	}
+	if c.idle < 0 {
+		return nil, errors.New("-handoff-idle must not be negative")
 	}
 	if c.workers < 1 || c.permits < 1 || c.hold <= 0 || c.duration <= 0 || c.sems < 1 || c.waiters < 1 || c.bigN < 1 ||
 		c.amqpSems < 1 || c.amqpWaits < 1 {
@@ -158,7 +165,7 @@ type profile struct {
 	cycle, cycleAMQP     int
 	handoff, handoffAMQP int
 	handoffRedisSlow     int
-	rtt, prims           int
+	rtt, rttIdle, prims  int
 	statuses             int
 	serveLimit           time.Duration
 	semsConcurrency      int
@@ -167,10 +174,10 @@ type profile struct {
 func (c *config) profile() profile {
 	if c.quick {
 		return profile{cycle: 2000, cycleAMQP: 500, handoff: 300, handoffAMQP: 200, handoffRedisSlow: 60,
-			rtt: 2000, prims: 500, statuses: 3, serveLimit: 30 * time.Second, semsConcurrency: 4}
+			rtt: 2000, rttIdle: 300, prims: 500, statuses: 3, serveLimit: 30 * time.Second, semsConcurrency: 4}
 	}
 	return profile{cycle: 10000, cycleAMQP: 2000, handoff: 1000, handoffAMQP: 500, handoffRedisSlow: 200,
-		rtt: 10000, prims: 2000, statuses: 5, serveLimit: 2 * time.Minute, semsConcurrency: 4}
+		rtt: 10000, rttIdle: 1000, prims: 2000, statuses: 5, serveLimit: 2 * time.Minute, semsConcurrency: 4}
 }
 
 func main() {
@@ -248,7 +255,7 @@ func emit(cfg *config, rep *Report, stdout io.Writer) error {
 func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 	p := cfg.profile()
 	rep := &Report{Command: cfg.command(), Quick: cfg.quick, Started: time.Now(), Machine: machine(),
-		Workers: cfg.workers, Permits: cfg.permits, Hold: cfg.hold}
+		Workers: cfg.workers, Permits: cfg.permits, Hold: cfg.hold, Idle: cfg.idle}
 	rep.Machine.LoadStart = loadAvg()
 	cpu := startCPU()
 	logf := func(format string, a ...any) {
@@ -273,19 +280,27 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 		switch key {
 		case "natssem":
 			res.Label, res.Tokensem = "natssem", true
-			ns, err := startNATS()
+			ns, err := startNATS(cfg.natsURL)
 			if err != nil {
-				res.Skipped = "embedded nats-server did not start: " + err.Error()
+				res.Skipped = "NATS: " + err.Error()
 				break
 			}
 			rep.Machine.NATS = ns.Version()
-			logf("nats-server %s embedded at %s", ns.Version(), ns.srv.URL())
-			if d, err := ns.rawRTT(ctx, p.rtt); err != nil {
+			rep.Machine.NATSURL = cfg.natsURL
+			logf("nats-server %s at %s (embedded: %v)", ns.Version(), ns.url, ns.srv != nil)
+			if d, err := ns.rawRTT(ctx, p.rtt, 0); err != nil {
 				rep.RawErr = err.Error()
 			} else {
 				s := Summarize(d)
 				rep.RawRTT = &s
 				logf("raw core-NATS request-reply: p50 %s p99 %s", fmtDur(s.P50), fmtDur(s.P99))
+			}
+			if cfg.has("handoff") && cfg.idle > 0 {
+				if d, err := ns.rawRTT(ctx, p.rttIdle, cfg.idle); err == nil {
+					s := Summarize(d)
+					rep.RawIdle = &s
+					logf("raw core-NATS request-reply after %s idle: p50 %s p99 %s", fmtDur(cfg.idle), fmtDur(s.P50), fmtDur(s.P99))
+				}
 			}
 			if cfg.has("cycle") {
 				if pr, err := ns.primitives(ctx, p.prims); err != nil {
@@ -389,7 +404,7 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 		if rs, ok := sys.(*redisSystem); ok {
 			settle = rs.jmax
 		}
-		if r, err := runHandoff(ctx, sys, name("handoff"), n, settle); err != nil {
+		if r, err := runHandoff(ctx, sys, name("handoff"), n, cfg.idle, settle); err != nil {
 			fail("handoff", err)
 		} else {
 			res.Handoff = r

@@ -14,29 +14,36 @@ import (
 
 // natsSystem is natssem on an embedded nats-server (loopback, file store in
 // a temporary directory, R1) started by the harness.
+// With an external URL (-nats-url) it uses that server instead.
 type natsSystem struct {
-	srv   *embedded.Server
+	srv   *embedded.Server // nil for an external server
+	url   string
 	probe *nats.Conn
 	js    jetstream.JetStream
 }
 
-func startNATS() (*natsSystem, error) {
-	srv, err := embedded.Start(embedded.Config{})
+// startNATS starts the embedded server, or connects to url when set.
+func startNATS(url string) (*natsSystem, error) {
+	var srv *embedded.Server
+	if url == "" {
+		var err error
+		if srv, err = embedded.Start(embedded.Config{}); err != nil {
+			return nil, err
+		}
+		url = srv.URL()
+	}
+	n := &natsSystem{srv: srv, url: url}
+	probe, err := nats.Connect(url, nats.Name("bench-probe"))
 	if err != nil {
+		n.Close()
 		return nil, err
 	}
-	probe, err := nats.Connect(srv.URL(), nats.Name("bench-probe"))
-	if err != nil {
-		srv.Shutdown()
+	n.probe = probe
+	if n.js, err = jetstream.New(probe); err != nil {
+		n.Close()
 		return nil, err
 	}
-	js, err := jetstream.New(probe)
-	if err != nil {
-		probe.Close()
-		srv.Shutdown()
-		return nil, err
-	}
-	return &natsSystem{srv: srv, probe: probe, js: js}, nil
+	return n, nil
 }
 
 func (n *natsSystem) Key() string   { return "natssem" }
@@ -46,7 +53,7 @@ func (n *natsSystem) Label() string { return "natssem" }
 func (n *natsSystem) Version() string { return n.probe.ConnectedServerVersion() }
 
 func (n *natsSystem) Connect(ctx context.Context) (Client, error) {
-	nc, err := nats.Connect(n.srv.URL(), nats.Name("bench"))
+	nc, err := nats.Connect(n.url, nats.Name("bench"))
 	if err != nil {
 		return nil, err
 	}
@@ -73,8 +80,12 @@ func (n *natsSystem) Cleanup(ctx context.Context, name string) {
 }
 
 func (n *natsSystem) Close() {
-	n.probe.Close()
-	n.srv.Shutdown()
+	if n.probe != nil {
+		n.probe.Close()
+	}
+	if n.srv != nil {
+		n.srv.Shutdown()
+	}
 }
 
 type natsClient struct{ nc *nats.Conn }
@@ -103,14 +114,15 @@ func (c natsClient) Close() error { c.nc.Close(); return nil }
 
 // rawRTT measures core-NATS request-reply round trips between a requester
 // and a responder on two connections of their own: the reference the NATS
-// targets are stated against.
-func (n *natsSystem) rawRTT(ctx context.Context, samples int) ([]time.Duration, error) {
-	req, err := nats.Connect(n.srv.URL(), nats.Name("bench-requester"))
+// targets are stated against. gap is an idle pause before each request
+// (0: back to back).
+func (n *natsSystem) rawRTT(ctx context.Context, samples int, gap time.Duration) ([]time.Duration, error) {
+	req, err := nats.Connect(n.url, nats.Name("bench-requester"))
 	if err != nil {
 		return nil, err
 	}
 	defer req.Close()
-	resp, err := nats.Connect(n.srv.URL(), nats.Name("bench-responder"))
+	resp, err := nats.Connect(n.url, nats.Name("bench-responder"))
 	if err != nil {
 		return nil, err
 	}
@@ -127,6 +139,9 @@ func (n *natsSystem) rawRTT(ctx context.Context, samples int) ([]time.Duration, 
 	for i := range samples + samples/10 {
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		if gap > 0 {
+			time.Sleep(gap)
 		}
 		t0 := time.Now()
 		if _, err := req.Request("bench.rtt", []byte("x"), 5*time.Second); err != nil {
@@ -151,7 +166,7 @@ type Primitives struct {
 // does: one pull and two compare-and-sets in sequence are the floor of any
 // fenced acquire+release.
 func (n *natsSystem) primitives(ctx context.Context, samples int) (Primitives, error) {
-	nc, err := nats.Connect(n.srv.URL(), nats.Name("bench-primitives"))
+	nc, err := nats.Connect(n.url, nats.Name("bench-primitives"))
 	if err != nil {
 		return Primitives{}, err
 	}

@@ -16,6 +16,7 @@ type Machine struct {
 	Go, Kernel         string
 	NATS, RabbitMQ     string
 	RabbitURL          string
+	NATSURL            string // empty: embedded
 	Redis              string
 	LoadStart, LoadEnd string
 }
@@ -32,7 +33,9 @@ type Report struct {
 	Workers, Permits int
 	Hold             time.Duration
 
-	RawRTT  *Summary // core-NATS request-reply, two connections
+	RawRTT  *Summary // core-NATS request-reply, two connections, back to back
+	RawIdle *Summary // the same, each request after Idle of quiet
+	Idle    time.Duration
 	RawErr  string
 	Prims   *Primitives
 	Systems []*SystemResult
@@ -108,8 +111,14 @@ func Targets(r *Report) []Target {
 			}
 		}
 		add(ns.Label, "1-client cycle p50 ≤ 2.5× raw core-NATS RTT", ok, ran, got, why)
-		addHandoff(&ts, ns, 400*time.Microsecond, time.Millisecond,
-			"a handoff is the releaser's compare-and-set, its Nak, the server's delivery to the waiting pull and the waiter's claim (a compare-and-set, after a read when its cached revision is stale): three to four round trips")
+		anatomy := "a handoff is the releaser's compare-and-set, its Nak, the server's delivery to the waiting pull and the " +
+			"waiter's claim (a compare-and-set, after a read when its cached revision is stale): three to four round trips"
+		if r.RawIdle != nil && r.RawRTT != nil {
+			anatomy += fmt.Sprintf(", each slower from idle: a raw request-reply after %s of quiet took %s (p50) here against %s "+
+				"back to back, because idle (virtual) CPUs and parked threads must be woken at every hop; -handoff-idle 0 "+
+				"measures a waiter that is still running", fmtDur(r.Idle), fmtDur(r.RawIdle.P50), fmtDur(r.RawRTT.P50))
+		}
+		addHandoff(&ts, ns, 400*time.Microsecond, time.Millisecond, anatomy)
 		addCeiling(&ts, ns, 85, 400*time.Microsecond)
 		addSafety(&ts, ns)
 		addScale(&ts, ns)
@@ -310,7 +319,7 @@ func WriteMarkdown(w io.Writer, r *Report, plot string) error {
 		{"memory", orDash(m.Memory)},
 		{"Go", m.Go},
 		{"kernel", orDash(m.Kernel)},
-		{"NATS", brokerVersion("nats-server ", m.NATS, " (embedded in the harness, loopback, file store, R1)")},
+		{"NATS", natsLine(m)},
 		{"RabbitMQ", brokerVersion("RabbitMQ ", m.RabbitMQ, " at "+m.RabbitURL+" (quorum queue)")},
 		{"Redis", brokerVersion("redis-server ", m.Redis, " (started by the harness on a random loopback port, no persistence)")},
 		{"load average (1/5/15 min)", "at start " + m.LoadStart + "; at end " + m.LoadEnd},
@@ -375,6 +384,13 @@ func writeReading(w io.Writer, r *Report) {
 	fmt.Fprintln(w)
 }
 
+func natsLine(m Machine) string {
+	if m.NATSURL != "" {
+		return brokerVersion("nats-server ", m.NATS, " at "+m.NATSURL+" (a server of its own, not embedded)")
+	}
+	return brokerVersion("nats-server ", m.NATS, " (embedded in the harness process, loopback, file store, R1)")
+}
+
 func brokerVersion(prefix, v, suffix string) string {
 	if v == "" {
 		return "not run"
@@ -425,9 +441,12 @@ func writeCore(w io.Writer, r *Report) {
 		}
 		return f()
 	}
-	var raw50, raw99 string
+	var raw50, raw99, rawIdle50, rawIdle99 string
 	if r.RawRTT != nil {
 		raw50, raw99 = fmtDur(r.RawRTT.P50), fmtDur(r.RawRTT.P99)
+	}
+	if r.RawIdle != nil {
+		rawIdle50, rawIdle99 = fmtDur(r.RawIdle.P50)+" (a request after the same idle)", fmtDur(r.RawIdle.P99)
 	}
 	ceil := float64(r.Permits) / r.Hold.Seconds()
 	label := fmt.Sprintf("%d workers, N=%d, %s hold", r.Workers, r.Permits, fmtDur(r.Hold))
@@ -483,10 +502,10 @@ func writeCore(w io.Writer, r *Report) {
 				})
 			})
 		}),
-		row("handoff, release → blocked waiter: p50", "", func(s *SystemResult) string {
+		row(fmt.Sprintf("handoff, release → waiter blocked (for %s) on another connection: p50", fmtDur(r.Idle)), rawIdle50, func(s *SystemResult) string {
 			return cell(s, "handoff", func() string { return dash(s.Handoff != nil, func() string { return fmtDur(s.Handoff.P50) }) })
 		}),
-		row("handoff p99", "", func(s *SystemResult) string {
+		row("handoff p99", rawIdle99, func(s *SystemResult) string {
 			return cell(s, "handoff", func() string { return dash(s.Handoff != nil, func() string { return fmtDur(s.Handoff.P99) }) })
 		}),
 	}
@@ -661,9 +680,11 @@ func writeNotes(w io.Writer, r *Report) {
 			"right after Acquire returns and left right before Release.", r.Workers, fmtDur(r.Hold), r.Permits),
 		"**Handoff**: a holder on one connection holds the only permit; a waiter on another connection calls Acquire; once " +
 			"the broker counts it waiting (NATS: the consumer's waiting pulls; RabbitMQ: the token queue's consumers; Redis: " +
-			"the waiter has been refused once and sleeps), the holder releases, and the time runs from the Release call to the " +
-			"waiter's Acquire returning. A polling waiter is released at a random point of its retry sleep (uniform over the longest " +
-			"sleep), so its samples cover the whole retry cycle.",
+			"the waiter has been refused once and sleeps), the holder waits 1 ms more (the waiter has gone idle, as waiters usually " +
+			"have) and releases, and the time runs from the Release call to the waiter's Acquire returning. A polling waiter is " +
+			"released at a random point of its retry sleep (1 ms plus a uniform share of the longest sleep), so its samples cover " +
+			"the whole retry cycle. RabbitMQ counts the holder of an unacked token as a consumer too, and its count lags a release " +
+			"by ~1.5 ms, so the count is read until it holds still before the waiter starts, and the waiter counts once it rises above that.",
 		"**Redis semaphore**: the classic sorted-set semaphore of the seed documents, one Lua script per attempt: " +
 			"ZREMRANGEBYSCORE drops holders older than the lease (30 s), ZADD adds the caller scored with the server's TIME in µs, " +
 			"ZRANK < N admits it, otherwise ZREM removes it and the caller sleeps a random jitter (50–200 ms as commonly advised, " +
