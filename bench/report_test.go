@@ -9,8 +9,8 @@ import (
 
 func TestWriteTable(t *testing.T) {
 	var b bytes.Buffer
-	writeTable(&b, []string{"a", "b", "c"}, [][]string{{"1", "x|y"}, {"2", "3", "4"}})
-	want := "| a | b | c |\n|---|---|---|\n| 1 | x\\|y |  |\n| 2 | 3 | 4 |\n\n"
+	writeTable(&b, []string{"a", "b", "c"}, [][]string{{"1", "x|y"}, {"2", "3", "4\n5"}})
+	want := "| a | b | c |\n|---|---|---|\n| 1 | x\\|y |  |\n| 2 | 3 | 4; 5 |\n\n"
 	if b.String() != want {
 		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)
 	}

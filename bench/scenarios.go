@@ -169,7 +169,7 @@ func runContention(ctx context.Context, sys System, name string, workers, n int,
 	}
 	wg.Wait()
 	use := cpu.Stop()
-	if err := errors.Join(errs...); err != nil {
+	if err := joinDistinct(errs); err != nil {
 		return nil, err
 	}
 	r := &ContentionResult{Workers: workers, N: n, Hold: hold, Duration: dur, Peak: m.Peak(),
@@ -191,6 +191,33 @@ func runContention(ctx context.Context, sys System, name string, workers, n int,
 		r.MeanHold = holdSum / time.Duration(r.Acquisitions)
 	}
 	return r, nil
+}
+
+// joinDistinct joins errors, each distinct message once with how many
+// workers hit it.
+func joinDistinct(errs []error) error {
+	count := map[string]int{}
+	var order []string
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if count[err.Error()] == 0 {
+			order = append(order, err.Error())
+		}
+		count[err.Error()]++
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	var joined []error
+	for _, msg := range order {
+		if n := count[msg]; n > 1 {
+			msg = fmt.Sprintf("%s (%d workers)", msg, n)
+		}
+		joined = append(joined, errors.New(msg))
+	}
+	return errors.Join(joined...)
 }
 
 // HandoffResult: release → a blocked waiter on another connection holds.

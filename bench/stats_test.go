@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"math"
 	"sync"
 	"testing"
@@ -145,5 +146,16 @@ func TestHoldFor(t *testing.T) {
 		if d := time.Since(t0); d < 2*time.Millisecond || d > 500*time.Millisecond {
 			t.Errorf("holdFor(2ms, precise=%v) took %v", precise, d)
 		}
+	}
+}
+
+func TestJoinDistinct(t *testing.T) {
+	if joinDistinct([]error{nil, nil}) != nil {
+		t.Error("no errors: not nil")
+	}
+	a, b := errors.New("gone"), errors.New("closed")
+	got := joinDistinct([]error{a, nil, a, b, a}).Error()
+	if want := "gone (3 workers)\nclosed"; got != want {
+		t.Errorf("joinDistinct = %q, want %q", got, want)
 	}
 }
