@@ -410,6 +410,14 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			res.Handoff = r
 			logf("%s handoff: p50 %s p99 %s (n=%d); machine CPU %.0f%% busy", key, fmtDur(r.P50), fmtDur(r.P99), r.N, 100*r.CPU.MachineBusy)
 		}
+		if res.Tokensem && cfg.idle > 0 {
+			if r, err := runHandoff(ctx, sys, name("handoff-hot"), n, 0, 0); err != nil {
+				logf("%s handoff to a running waiter: %v", key, err)
+			} else {
+				res.HandoffHot = r
+				logf("%s handoff to a waiter released at once: p50 %s p99 %s (n=%d)", key, fmtDur(r.P50), fmtDur(r.P99), r.N)
+			}
+		}
 	}
 	if cfg.has("sems") {
 		count := cfg.sems

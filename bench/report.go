@@ -53,6 +53,7 @@ type SystemResult struct {
 	Cycle      *CycleResult
 	Contention *ContentionResult
 	Handoff    *HandoffResult
+	HandoffHot *HandoffResult // tokensem: released as soon as the broker counts the waiter
 	Sems       *SemsResult
 	Waiters    *WaitersResult
 	BigN       *BigNResult
@@ -165,6 +166,10 @@ func addHandoff(ts *[]Target, s *SystemResult, p50, p99 time.Duration, anatomy s
 			t.Status = Missed
 			t.Why = anatomy + fmt.Sprintf("; machine CPU %s busy during these handoffs (other work on this shared machine counts: "+
 				"a waiter or broker that waits for a core shows in the tail first)", pctOf(nil, h))
+			if hot := s.HandoffHot; hot != nil {
+				t.Why += fmt.Sprintf("; released as soon as the broker counts the waiter (still running), the same handoff took p50 %s, p99 %s",
+					fmtDur(hot.P50), fmtDur(hot.P99))
+			}
 		}
 	}
 	*ts = append(*ts, t)
@@ -466,9 +471,10 @@ func writeCore(w io.Writer, r *Report) {
 		}
 		return f()
 	}
-	var raw50, raw99, rawIdle50, rawIdle99 string
+	var raw50, raw99, rawIdle50, rawIdle99, rawHot string
 	if r.RawRTT != nil {
 		raw50, raw99 = fmtDur(r.RawRTT.P50), fmtDur(r.RawRTT.P99)
+		rawHot = raw50 + " / " + raw99 + " (back to back)"
 	}
 	if r.RawIdle != nil {
 		rawIdle50, rawIdle99 = fmtDur(r.RawIdle.P50)+" (a request after the same idle)", fmtDur(r.RawIdle.P99)
@@ -532,6 +538,9 @@ func writeCore(w io.Writer, r *Report) {
 		}),
 		row("handoff p99", rawIdle99, func(s *SystemResult) string {
 			return cell(s, "handoff", func() string { return dash(s.Handoff != nil, func() string { return fmtDur(s.Handoff.P99) }) })
+		}),
+		row("handoff to a waiter released at once (not yet idle): p50 / p99", rawHot, func(s *SystemResult) string {
+			return dash(s.HandoffHot != nil, func() string { return fmtDur(s.HandoffHot.P50) + " / " + fmtDur(s.HandoffHot.P99) })
 		}),
 	}
 	writeTable(w, header, rows)
@@ -709,7 +718,9 @@ func writeNotes(w io.Writer, r *Report) {
 			"have) and releases, and the time runs from the Release call to the waiter's Acquire returning. A polling waiter is " +
 			"released at a random point of its retry sleep (1 ms plus a uniform share of the longest sleep), so its samples cover " +
 			"the whole retry cycle. RabbitMQ counts the holder of an unacked token as a consumer too, and its count lags a release " +
-			"by ~1.5 ms, so the count is read until it holds still before the waiter starts, and the waiter counts once it rises above that.",
+			"by ~1.5 ms, so the count is read until it holds still before the waiter starts, and the waiter counts once it rises above that. " +
+			"For tokensem the handoff is measured a second time with the release as soon as the broker counts the waiter (its " +
+			"goroutines still running): the gap between the two is the cost of waking an idle waiter on this machine.",
 		"**Redis semaphore**: the classic sorted-set semaphore of the seed documents, one Lua script per attempt: " +
 			"ZREMRANGEBYSCORE drops holders older than the lease (30 s), ZADD adds the caller scored with the server's TIME in µs, " +
 			"ZRANK < N admits it, otherwise ZREM removes it and the caller sleeps a random jitter (50–200 ms as commonly advised, " +
