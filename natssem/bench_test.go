@@ -93,7 +93,7 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 	// Consumer info only: a Status census would create and delete a KV
 	// watcher, work the server would still be doing in the timed section.
-	semtest.BenchHandoff(b, a, w, func() bool {
+	semtest.BenchHandoff(b, a, w, nil, func() bool {
 		info, err := consumer.Info(ctx)
 		return err == nil && info.NumWaiting >= 1
 	})
