@@ -167,12 +167,25 @@ func Check(holds []Hold, permits int, timeout time.Duration) Verdict {
 		bySlot[h.Slot] = append(bySlot[h.Slot], h)
 	}
 	for slot, hs := range bySlot {
-		slices.SortFunc(hs, func(a, b Hold) int { return cmpInt64(a.Acquired, b.Acquired) })
+		// In fence order: the broker's order of the takes, if fences work.
+		slices.SortFunc(hs, func(a, b Hold) int { return cmpUint64(a.Fence, b.Fence) })
+		latest := 0 // among lower fences, the hold whose Acquire began last
 		for i := 1; i < len(hs); i++ {
 			prev, cur := hs[i-1], hs[i]
-			if cur.Fence <= prev.Fence {
+			if cur.Fence == prev.Fence {
+				v.Violations = append(v.Violations, fmt.Sprintf("slot %d: fence %d given twice (workers %d and %d)",
+					slot, cur.Fence, prev.Worker, cur.Worker))
+			}
+			// A take that ended before another began must have the lower
+			// fence. (Timestamps are taken around the calls, so a holder
+			// paused right after Acquire returned reports a late Acquired:
+			// only non-overlapping calls are ordered.)
+			if hs[i-1].Call > hs[latest].Call {
+				latest = i - 1
+			}
+			if l := hs[latest]; cur.Acquired < l.Call {
 				v.Violations = append(v.Violations, fmt.Sprintf("slot %d: fence %d (worker %d) after fence %d (worker %d)",
-					slot, cur.Fence, cur.Worker, prev.Fence, prev.Worker))
+					slot, l.Fence, l.Worker, cur.Fence, cur.Worker))
 			}
 			if cur.Acquired < prev.liveEnd() {
 				if cur.Acquired < prev.freeAfter() {
@@ -225,6 +238,16 @@ func sweep(holds []Hold) (all, valid int) {
 		all, valid = max(all, n), max(valid, nv)
 	}
 	return all, valid
+}
+
+func cmpUint64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 func cmpInt64(a, b int64) int {

@@ -29,7 +29,7 @@ func TestCheck(t *testing.T) {
 		}, false, "while worker 0 held it", 2, 1, 0},
 		{"a fence going back", []Hold{
 			{Worker: 0, Slot: 0, Fence: 5, Call: 0, Acquired: 10, End: 20, Ended: true},
-			{Worker: 1, Slot: 0, Fence: 3, Call: 0, Acquired: 30, End: 40, Ended: true},
+			{Worker: 1, Slot: 0, Fence: 3, Call: 15, Acquired: 30, End: 40, Ended: true},
 		}, false, "fence 3 (worker 1) after fence 5", 1, 1, 0},
 		{"more slots than permits", []Hold{
 			{Worker: 0, Slot: 2, Fence: 1, Call: 0, Acquired: 10, End: 20, Ended: true},
@@ -46,6 +46,14 @@ func TestCheck(t *testing.T) {
 			{Worker: 0, Slot: 0, Fence: 1, Call: 0, Acquired: 10, Fault: 15},
 			{Worker: 1, Slot: 0, Fence: 2, Call: 5, Acquired: 30, End: 60, Ended: true},
 		}, true, "", 1, 1, 0},
+		{"a holder paused right after Acquire returned", []Hold{
+			{Worker: 0, Slot: 0, Fence: 1, Call: 0, Acquired: 100, End: 110, Ended: true, Lost: true, Fault: 5},
+			{Worker: 1, Slot: 0, Fence: 2, Call: 10, Acquired: 20, End: 30, Ended: true},
+		}, true, "", 1, 1, 1},
+		{"a fence given twice", []Hold{
+			{Worker: 0, Slot: 0, Fence: 4, Call: 0, Acquired: 10, End: 20, Ended: true},
+			{Worker: 1, Slot: 0, Fence: 4, Call: 25, Acquired: 30, End: 40, Ended: true},
+		}, false, "fence 4 given twice", 1, 1, 0},
 		{"a holder taken over before the fault", []Hold{
 			{Worker: 0, Slot: 0, Fence: 1, Call: 0, Acquired: 10, End: 50, Ended: true, Lost: true, Fault: 40},
 			{Worker: 1, Slot: 0, Fence: 2, Call: 5, Acquired: 30, End: 60, Ended: true},
