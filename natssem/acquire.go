@@ -153,13 +153,10 @@ func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 // queue of waiting pulls is full (the server then drops new pulls without a
 // word when they carry heartbeats).
 func (s *Semaphore) checkWaiterQueue(ctx context.Context) error {
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	c, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
+	info, err := s.consumerInfo(ctx)
 	if err != nil {
 		return nil // cannot tell: re-issuing the pull is the safe course
 	}
-	info := c.CachedInfo()
 	if limit := info.Config.MaxWaiting; limit > 0 && info.NumWaiting >= limit {
 		return fmt.Errorf("%w: %d callers already wait on %s", tokensem.ErrTooManyWaiters, info.NumWaiting, s.name)
 	}
@@ -381,11 +378,21 @@ func (s *Semaphore) cas(ctx context.Context, index int, rec record, rev, deliver
 // clock that stamps KV entries: a record's age is measured on the server's
 // clock alone, so client clocks play no part in a takeover.
 func (s *Semaphore) serverNow(ctx context.Context) (time.Time, error) {
+	info, err := s.consumerInfo(ctx)
+	if err != nil {
+		return time.Time{}, wrapBrokerErr(err)
+	}
+	return info.TimeStamp, nil
+}
+
+// consumerInfo reads the holders consumer's info: one round trip (the
+// lookup returns it).
+func (s *Semaphore) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	c, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
 	if err != nil {
-		return time.Time{}, wrapBrokerErr(err)
+		return nil, err
 	}
-	return c.CachedInfo().TimeStamp, nil
+	return c.CachedInfo(), nil
 }

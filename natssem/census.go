@@ -128,9 +128,7 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	cons, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
+	cons, err := s.consumerInfo(ctx)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return tokensem.Status{}, fmt.Errorf("%w: %s has no consumer", tokensem.ErrNotInitialized, s.name)
@@ -141,7 +139,7 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 	st := tokensem.Status{
 		Name: s.name, Backend: "nats", Stream: StreamName(s.name),
 		Permits: c.Permits, Epoch: c.Epoch, Lease: inv.cfg.Lease,
-		Tokens: len(c.Entries), Waiting: cons.CachedInfo().NumWaiting, Held: len(c.HeldSlots),
+		Tokens: len(c.Entries), Waiting: cons.NumWaiting, Held: len(c.HeldSlots),
 		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
 		Healthy: f.Healthy(c),
 	}

@@ -375,13 +375,7 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 func (s *Semaphore) awaitTokens(ctx context.Context, permits int) {
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
-		rctx, cancel := s.rtt(ctx)
-		c, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
-		var info *jetstream.ConsumerInfo
-		if err == nil {
-			info, err = c.Info(rctx)
-		}
-		cancel()
+		info, err := s.consumerInfo(ctx)
 		if err != nil || info.NumPending+uint64(info.NumAckPending) >= uint64(permits) {
 			return
 		}
