@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
@@ -37,11 +38,7 @@ func newSem(t *testing.T, n int) *natssem.Semaphore {
 
 // bounded returns a context that ends with the test or after 30 s, so a
 // broker that stops answering fails the call that waited on it.
-func bounded(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func bounded(t *testing.T) context.Context { return semtest.Context(t, 30*time.Second) }
 
 // hold takes a permit and releases it when the test ends. It waits
 // (Acquire, bounded) rather than TryAcquire: right after Init, a no-wait

@@ -10,16 +10,11 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/faultproxy"
+	"github.com/tokensem/tokensem/internal/semtest"
 )
 
 func name(t *testing.T) string {
 	return "a" + tokensem.NewToken("x", 0, 0).ID[:8] + "-" + t.Name()[4:min(len(t.Name()), 30)]
-}
-
-func ctxFor(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func initAMQP(t *testing.T, n string, permits int, opts ...amqpsem.Option) *amqpsem.Semaphore {
@@ -40,7 +35,7 @@ func TestTokenSurvivesManyReturns(t *testing.T) {
 	s := initAMQP(t, name(t), 1)
 	var last uint64
 	for i := range 30 {
-		p, err := s.Acquire(ctxFor(t, 5*time.Second))
+		p, err := s.Acquire(semtest.Context(t, 5*time.Second))
 		if err != nil {
 			t.Fatalf("acquire %d: the token was dropped: %v", i, err)
 		}
@@ -62,7 +57,7 @@ func dialServerVersion(t *testing.T) string { return dial(t, broker.Addr, 0).Ser
 func TestDuplicateTokenCannotAdmitTwoHolders(t *testing.T) {
 	n := name(t)
 	a := initAMQP(t, n, 1)
-	pa, err := a.Acquire(ctxFor(t, 5*time.Second))
+	pa, err := a.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +68,7 @@ func TestDuplicateTokenCannotAdmitTwoHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if _, err := b.Acquire(ctxFor(t, time.Second)); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := b.Acquire(semtest.Context(t, time.Second)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second holder of slot 0 via its copy: err = %v", err)
 	}
 	st, err := a.Status(t.Context())
@@ -86,7 +81,7 @@ func TestDuplicateTokenCannotAdmitTwoHolders(t *testing.T) {
 	if err := pa.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	pb, err := b.Acquire(ctxFor(t, 5*time.Second))
+	pb, err := b.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("after the release: %v", err)
 	}
@@ -103,7 +98,7 @@ func TestMaxHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	p, err := s.Acquire(ctxFor(t, 5*time.Second))
+	p, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +110,7 @@ func TestMaxHold(t *testing.T) {
 	if !errors.Is(p.Err(), tokensem.ErrLeaseLost) {
 		t.Fatalf("Err = %v", p.Err())
 	}
-	q, err := s.Acquire(ctxFor(t, 5*time.Second))
+	q, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("token not back after the maximum hold: %v", err)
 	}
@@ -139,17 +134,17 @@ func TestReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	held, err := s.Acquire(ctxFor(t, 5*time.Second))
+	held, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocker, err := other.Acquire(ctxFor(t, 5*time.Second))
+	blocker, err := other.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		p, err := s.Acquire(ctxFor(t, 30*time.Second))
+		p, err := s.Acquire(semtest.Context(t, 30*time.Second))
 		if err == nil {
 			err = p.Release(context.Background())
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/internal/testcerts"
 )
 
@@ -57,7 +58,7 @@ func TestTLS(t *testing.T) {
 					"keyfile": {certs.ClientKeyFile}, "server_name_indication": {"localhost"}}.Encode()
 				opts = nil
 			}
-			c, err := amqpsem.Dial(ctxFor(t, 20*time.Second), raw, opts...)
+			c, err := amqpsem.Dial(semtest.Context(t, 20*time.Second), raw, opts...)
 			if err != nil {
 				t.Fatalf("dial amqps via the proxy: %v", err)
 			}
@@ -66,26 +67,26 @@ func TestTLS(t *testing.T) {
 				t.Errorf("Dial changed the caller's tls.Config: ServerName %q", cfg.ServerName)
 			}
 
-			s, err := amqpsem.Init(ctxFor(t, 20*time.Second), c, base+strconv.Itoa(i), 1)
+			s, err := amqpsem.Init(semtest.Context(t, 20*time.Second), c, base+strconv.Itoa(i), 1)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = s.Close() })
-			p, err := s.Acquire(ctxFor(t, 10*time.Second))
+			p, err := s.Acquire(semtest.Context(t, 10*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.TryAcquire(ctxFor(t, 10*time.Second)); !errors.Is(err, tokensem.ErrNoPermit) {
+			if _, err := s.TryAcquire(semtest.Context(t, 10*time.Second)); !errors.Is(err, tokensem.ErrNoPermit) {
 				t.Fatalf("TryAcquire while the only permit is held: %v, want ErrNoPermit", err)
 			}
-			if err := p.Release(ctxFor(t, 10*time.Second)); err != nil {
+			if err := p.Release(semtest.Context(t, 10*time.Second)); err != nil {
 				t.Fatal(err)
 			}
-			p, err = s.TryAcquire(ctxFor(t, 10*time.Second))
+			p, err = s.TryAcquire(semtest.Context(t, 10*time.Second))
 			if err != nil {
 				t.Fatalf("TryAcquire after the release: %v", err)
 			}
-			if err := p.Release(ctxFor(t, 10*time.Second)); err != nil {
+			if err := p.Release(semtest.Context(t, 10*time.Second)); err != nil {
 				t.Fatal(err)
 			}
 			if errs := proxy.HandshakeErrors(); len(errs) > 0 {
@@ -145,7 +146,7 @@ func TestTLSFailures(t *testing.T) {
 	for i, tc := range tests {
 		wg.Go(func() {
 			start := time.Now()
-			c, err := amqpsem.Dial(ctxFor(t, 30*time.Second), tc.url, tc.opts...)
+			c, err := amqpsem.Dial(semtest.Context(t, 30*time.Second), tc.url, tc.opts...)
 			took[i], errs[i] = time.Since(start), err
 			if err == nil {
 				_ = c.Close()

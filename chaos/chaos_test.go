@@ -18,6 +18,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/reconciler"
@@ -32,22 +33,16 @@ func TestMain(m *testing.M) {
 
 const natsLease = time.Second
 
-func bounded(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // settle stops the workers, repairs the semaphore once and checks that
 // exactly N valid tokens remain; it reports how many the repair issued
 // (tokens that were lost) or removed.
 func settle(t *testing.T, r *run, sem tokensem.Semaphore, inv reconciler.Inventory) {
 	r.stopAll()
-	rep, err := reconciler.Run(bounded(t, time.Minute), inv, true)
+	rep, err := reconciler.Run(semtest.Context(t, time.Minute), inv, true)
 	if err != nil {
 		t.Fatalf("reconcile after the run: %v", err)
 	}
-	st, err := sem.Status(bounded(t, time.Minute))
+	st, err := sem.Status(semtest.Context(t, time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +72,7 @@ func TestChaosNATS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := natssem.Init(bounded(t, time.Minute), nc, name, p.permits, natssem.WithLease(natsLease))
+		s, err := natssem.Init(semtest.Context(t, time.Minute), nc, name, p.permits, natssem.WithLease(natsLease))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +157,7 @@ func TestChaosNATSCluster(t *testing.T) {
 	waitJetStream(t, nc)
 
 	name := "chaos-cluster"
-	sem, err := natssem.Init(bounded(t, time.Minute), nc, name, p.permits,
+	sem, err := natssem.Init(semtest.Context(t, time.Minute), nc, name, p.permits,
 		natssem.WithLease(natsLease), natssem.WithReplicas(3))
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +194,7 @@ func TestChaosNATSCluster(t *testing.T) {
 // share it.
 func TestChaosAMQP(t *testing.T) {
 	p := chosenProfile(t)
-	b, err := rabbittest.Start(bounded(t, 2*time.Minute))
+	b, err := rabbittest.Start(semtest.Context(t, 2*time.Minute))
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI=true and no RabbitMQ: %v", err)
@@ -207,13 +202,13 @@ func TestChaosAMQP(t *testing.T) {
 		t.Skipf("no RabbitMQ: %v", err)
 	}
 	defer b.Stop()
-	c, err := amqpsem.Dial(bounded(t, time.Minute), b.URL)
+	c, err := amqpsem.Dial(semtest.Context(t, time.Minute), b.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	name := "chaos-" + tokensem.NewToken("x", 0, 0).ID[:8]
-	sem, err := amqpsem.Init(bounded(t, time.Minute), c, name, p.permits)
+	sem, err := amqpsem.Init(semtest.Context(t, time.Minute), c, name, p.permits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +272,7 @@ func waitJetStream(t *testing.T, nc *nats.Conn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := bounded(t, time.Minute)
+	ctx := semtest.Context(t, time.Minute)
 	for {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, err := js.AccountInfo(actx)

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -428,13 +429,9 @@ func (r *run) delay(ps []*faultproxy.Proxy, d time.Duration) {
 // late Acquired. Check orders by fence and tolerates that; this line is for
 // whoever reads a failure.
 func logInversions(t *testing.T, holds []Hold) {
-	bySlot := map[int][]Hold{}
-	for _, h := range holds {
-		bySlot[h.Slot] = append(bySlot[h.Slot], h)
-	}
 	n := 0
-	for slot, hs := range bySlot {
-		slices.SortFunc(hs, func(a, b Hold) int { return cmpInt64(a.Acquired, b.Acquired) })
+	for slot, hs := range bySlot(holds) {
+		slices.SortFunc(hs, func(a, b Hold) int { return cmp.Compare(a.Acquired, b.Acquired) })
 		for i := 1; i < len(hs); i++ {
 			if hs[i].Fence < hs[i-1].Fence {
 				if n == 0 {

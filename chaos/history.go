@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -159,16 +160,14 @@ func Check(holds []Hold, permits int, timeout time.Duration) Verdict {
 	var v Verdict
 	v.Linearizable = porcupine.CheckOperationsTimeout(Model, Operations(holds), timeout)
 
-	bySlot := map[int][]Hold{}
 	for _, h := range holds {
 		if h.Slot < 0 || h.Slot >= permits {
 			v.Violations = append(v.Violations, fmt.Sprintf("worker %d held slot %d of %d", h.Worker, h.Slot, permits))
 		}
-		bySlot[h.Slot] = append(bySlot[h.Slot], h)
 	}
-	for slot, hs := range bySlot {
+	for slot, hs := range bySlot(holds) {
 		// In fence order: the broker's order of the takes, if fences work.
-		slices.SortFunc(hs, func(a, b Hold) int { return cmpUint64(a.Fence, b.Fence) })
+		slices.SortFunc(hs, func(a, b Hold) int { return cmp.Compare(a.Fence, b.Fence) })
 		latest := 0 // among lower fences, the hold whose Acquire began last
 		for i := 1; i < len(hs); i++ {
 			prev, cur := hs[i-1], hs[i]
@@ -213,7 +212,7 @@ func sweep(holds []Hold) (all, valid int) {
 		edges = append(edges, edge{h.Acquired, +1, i}, edge{h.liveEnd(), -1, i})
 	}
 	slices.SortFunc(edges, func(a, b edge) int {
-		if c := cmpInt64(a.at, b.at); c != 0 {
+		if c := cmp.Compare(a.at, b.at); c != 0 {
 			return c
 		}
 		return a.delta - b.delta // ends before starts at one instant
@@ -240,22 +239,11 @@ func sweep(holds []Hold) (all, valid int) {
 	return all, valid
 }
 
-func cmpUint64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
+// bySlot groups holds by slot.
+func bySlot(holds []Hold) map[int][]Hold {
+	out := map[int][]Hold{}
+	for _, h := range holds {
+		out[h.Slot] = append(out[h.Slot], h)
 	}
-	return 0
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	return out
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
@@ -69,11 +70,7 @@ func newSem(t *testing.T, nc *nats.Conn, n int, opts ...natssem.Option) *natssem
 }
 
 // bounded returns a context that ends with the test or after 30 s.
-func bounded(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func bounded(t *testing.T) context.Context { return semtest.Context(t, 30*time.Second) }
 
 // serve runs h on a test HTTP server and returns a client for it; both are
 // shut down when the test ends.

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -81,14 +82,14 @@ func TestStaleNakDoesNotAdmitSecondHolder(t *testing.T) {
 		t.Fatal("raw fetch got no token")
 	}
 	// After R's ack wait expires the token is redelivered, and B holds it.
-	pb, err := b.Acquire(ctxFor(t, 10*lease))
+	pb, err := b.Acquire(semtest.Context(t, 10*lease))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// R's stale Nak now makes the server deliver the token to C.
 	cDone := make(chan error, 1)
 	go func() {
-		p, err := c.Acquire(ctxFor(t, lease/2))
+		p, err := c.Acquire(semtest.Context(t, lease/2))
 		if err == nil {
 			_ = p.Release(context.Background())
 			err = errors.New("C acquired while B holds the only permit")
@@ -110,7 +111,7 @@ func TestStaleNakDoesNotAdmitSecondHolder(t *testing.T) {
 	}
 	// The token is not lost: C gets it once B released (the stale
 	// delivery C stepped away from comes back within a lease at worst).
-	pc, err := c.Acquire(ctxFor(t, 5*lease))
+	pc, err := c.Acquire(semtest.Context(t, 5*lease))
 	if err != nil {
 		t.Fatalf("token lost after the stale Nak: %v", err)
 	}
@@ -125,7 +126,7 @@ func TestStaleNakDoesNotAdmitSecondHolder(t *testing.T) {
 func TestDuplicateOfHeldSlotIsDeleted(t *testing.T) {
 	name := "dup-held"
 	s := initNATS(t, name, 1)
-	p, err := s.Acquire(ctxFor(t, 5*time.Second))
+	p, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestDuplicateOfHeldSlotIsDeleted(t *testing.T) {
 	if st.Tokens != 2 || len(st.Duplicate) != 1 || st.Healthy {
 		t.Fatalf("status with a duplicate: %+v", st)
 	}
-	if _, err := s.Acquire(ctxFor(t, 500*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := s.Acquire(semtest.Context(t, 500*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire with slot 0 held and its copy in the queue: %v", err)
 	}
 	st, err = s.Status(t.Context())
@@ -163,7 +164,7 @@ func TestInvalidTokensAreRemoved(t *testing.T) {
 	}
 	var ps []tokensem.Permit
 	for range 2 {
-		p, err := s.Acquire(ctxFor(t, 5*time.Second))
+		p, err := s.Acquire(semtest.Context(t, 5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,10 +183,4 @@ func TestInvalidTokensAreRemoved(t *testing.T) {
 	for _, p := range ps {
 		_ = p.Release(t.Context())
 	}
-}
-
-func ctxFor(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), d)
-	t.Cleanup(cancel)
-	return ctx
 }

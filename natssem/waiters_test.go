@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -15,7 +16,7 @@ import (
 func TestTooManyWaiters(t *testing.T) {
 	name := "max-waiters"
 	s := initNATS(t, name, 1, natssem.WithMaxWaiters(2), natssem.WithHeartbeat(200*time.Millisecond))
-	held, err := s.Acquire(ctxFor(t, 5*time.Second))
+	held, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func TestTooManyWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer third.Close()
-	_, err = third.Acquire(ctxFor(t, 5*time.Second))
+	_, err = third.Acquire(semtest.Context(t, 5*time.Second))
 	if !errors.Is(err, tokensem.ErrTooManyWaiters) {
 		t.Fatalf("third waiter: err = %v, want ErrTooManyWaiters", err)
 	}
@@ -47,7 +48,7 @@ func TestTooManyWaiters(t *testing.T) {
 	if err := held.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	p, err := s.Acquire(ctxFor(t, 5*time.Second))
+	p, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("permit not free after the refused and cancelled waiters: %v", err)
 	}
@@ -59,7 +60,7 @@ func TestTooManyWaiters(t *testing.T) {
 func TestWaiterOutlivesPullExpiry(t *testing.T) {
 	name := "pull-expiry"
 	s := initNATS(t, name, 1)
-	held, err := s.Acquire(ctxFor(t, 5*time.Second))
+	held, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func TestWaiterOutlivesPullExpiry(t *testing.T) {
 	defer w.Close()
 	got := make(chan error, 1)
 	go func() {
-		p, err := w.Acquire(ctxFor(t, 30*time.Second))
+		p, err := w.Acquire(semtest.Context(t, 30*time.Second))
 		if err == nil {
 			err = p.Release(context.Background())
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/reconciler"
@@ -199,11 +200,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 // bounded returns a context that ends with the test or after testTimeout,
 // so a broker that stops answering fails the test at the call that waited
 // instead of hanging the package until go test's own timeout.
-func bounded(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
+func bounded(t testing.TB) context.Context { return semtest.Context(t, testTimeout) }
 
 const testTimeout = 45 * time.Second
 

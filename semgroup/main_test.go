@@ -16,6 +16,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/semgroup"
@@ -106,11 +107,7 @@ func uniquePrefix() string {
 }
 
 // bounded returns a context that ends with the test or after 45 s.
-func bounded(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func bounded(t *testing.T) context.Context { return semtest.Context(t, 45*time.Second) }
 
 // tracker wraps an InitFunc to count opens and closes per semaphore name.
 // The semaphores are real; only Close is observed on its way through.

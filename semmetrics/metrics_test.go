@@ -14,6 +14,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/reconciler"
@@ -41,11 +42,7 @@ func connect(t *testing.T) *nats.Conn {
 	return nc
 }
 
-func bounded(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func bounded(t *testing.T) context.Context { return semtest.Context(t, 30*time.Second) }
 
 // TestPermitMetrics drives a real semaphore through every outcome and
 // reads the metrics back.

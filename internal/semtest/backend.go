@@ -76,7 +76,10 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-func ctxTimeout(t testing.TB, d time.Duration) context.Context {
+// Context returns a context that ends with the test or after d, whichever
+// comes first, so a broker that stops answering fails the call that waited
+// instead of hanging the package until go test's timeout.
+func Context(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
 	return ctx

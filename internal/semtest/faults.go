@@ -39,7 +39,7 @@ func testSilentHolder(t *testing.T, b Backend) {
 	px.Pause()
 	var lostAt atomic.Int64
 	go func() { <-pa.Done(); lostAt.Store(time.Now().UnixNano()) }()
-	pb, err := direct.Acquire(ctxTimeout(t, 4*lease+10*time.Second))
+	pb, err := direct.Acquire(Context(t, 4*lease+10*time.Second))
 	gotAt := time.Now()
 	if err != nil {
 		t.Fatalf("waiter never got the silent holder's permit: %v", err)
@@ -74,7 +74,7 @@ func testStaleRelease(t *testing.T, b Backend) {
 	px.Pause()
 	released := make(chan error, 1)
 	go func() { released <- pa.Release(context.Background()) }()
-	pb, err := direct.Acquire(ctxTimeout(t, 4*lease+10*time.Second))
+	pb, err := direct.Acquire(Context(t, 4*lease+10*time.Second))
 	if err != nil {
 		t.Fatalf("B never got the stale holder's permit: %v", err)
 	}
@@ -138,7 +138,7 @@ func testDoCancelsOnLoss(t *testing.T, b Backend) {
 	mustInit(t, b, name, 1, Options{Lease: lease})
 	px, a := proxied(t, b, name, Options{})
 	var cause error
-	err := tokensem.Do(ctxTimeout(t, 30*time.Second), a, func(ctx context.Context) error {
+	err := tokensem.Do(Context(t, 30*time.Second), a, func(ctx context.Context) error {
 		px.Pause()
 		<-ctx.Done()
 		cause = context.Cause(ctx)
@@ -148,7 +148,7 @@ func testDoCancelsOnLoss(t *testing.T, b Backend) {
 	if !errors.Is(err, tokensem.ErrLeaseLost) || !errors.Is(cause, tokensem.ErrLeaseLost) {
 		t.Fatalf("Do after a loss: err = %v, ctx cause = %v; want ErrLeaseLost in both", err, cause)
 	}
-	ok := tokensem.Do(ctxTimeout(t, 30*time.Second), a, func(ctx context.Context) error { return nil })
+	ok := tokensem.Do(Context(t, 30*time.Second), a, func(ctx context.Context) error { return nil })
 	if ok != nil {
 		t.Fatalf("Do after recovery: %v", ok)
 	}

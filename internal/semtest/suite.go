@@ -84,7 +84,7 @@ func mustOpen(t testing.TB, b Backend, addr, name string, o Options) tokensem.Se
 
 func mustAcquire(t testing.TB, s tokensem.Semaphore, d time.Duration) tokensem.Permit {
 	t.Helper()
-	p, err := s.Acquire(ctxTimeout(t, d))
+	p, err := s.Acquire(Context(t, d))
 	if err != nil {
 		t.Fatalf("acquire: %v", err)
 	}
@@ -100,7 +100,7 @@ func mustRelease(t testing.TB, p tokensem.Permit) {
 
 func status(t testing.TB, s tokensem.Semaphore) tokensem.Status {
 	t.Helper()
-	st, err := s.Status(ctxTimeout(t, 10*time.Second))
+	st, err := s.Status(Context(t, 10*time.Second))
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
@@ -113,7 +113,7 @@ func drainAll(t testing.TB, s tokensem.Semaphore, limit int) []tokensem.Permit {
 	t.Helper()
 	var ps []tokensem.Permit
 	for len(ps) <= limit {
-		p, err := s.TryAcquire(ctxTimeout(t, 5*time.Second))
+		p, err := s.TryAcquire(Context(t, 5*time.Second))
 		if errors.Is(err, tokensem.ErrNoPermit) {
 			break
 		}
@@ -246,7 +246,7 @@ func testTryAcquire(t *testing.T, b Backend) {
 		t.Fatalf("4th TryAcquire: err = %v, want ErrNoPermit", err)
 	}
 	mustRelease(t, ps[0])
-	p, err := s.TryAcquire(ctxTimeout(t, 5*time.Second))
+	p, err := s.TryAcquire(Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("TryAcquire after a release: %v", err)
 	}
@@ -270,7 +270,7 @@ func testAtMostN(t *testing.T, b Backend) {
 		wg.Go(func() {
 			s := sems[w%clients]
 			for range rounds {
-				err := tokensem.Do(ctxTimeout(t, 60*time.Second), s, func(ctx context.Context) error {
+				err := tokensem.Do(Context(t, 60*time.Second), s, func(ctx context.Context) error {
 					m.Enter()
 					defer m.Leave()
 					time.Sleep(time.Millisecond)
@@ -319,7 +319,7 @@ func testFIFO(t *testing.T, b Backend) {
 	for i := range waiters {
 		c := mustOpen(t, b, b.Addr, name, Options{})
 		wg.Go(func() {
-			p, err := c.Acquire(ctxTimeout(t, 30*time.Second))
+			p, err := c.Acquire(Context(t, 30*time.Second))
 			if err != nil {
 				t.Errorf("waiter %d: %v", i, err)
 				return
@@ -356,7 +356,7 @@ func testCancelStrandsNothing(t *testing.T, b Backend) {
 	s := mustInit(t, b, name, 1, Options{Lease: 60 * time.Second})
 	holder := mustAcquire(t, s, 5*time.Second)
 
-	if _, err := s.Acquire(ctxTimeout(t, 200*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := s.Acquire(Context(t, 200*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("timed-out Acquire: err = %v, want DeadlineExceeded", err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
