@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -26,9 +27,9 @@ type Semaphore struct {
 	codec tokensem.Codec
 	log   *slog.Logger
 
+	cfg cfgcache.Cache[config] // as last read; see freshConfig
+
 	mu     sync.Mutex
-	cfg    config
-	cfgAt  time.Time    // when cfg was read
 	held   map[int]bool // slots this process holds
 	claims map[int]bool // claim queues known to exist
 	idle   []*pooledChannel
@@ -104,11 +105,7 @@ func Open(ctx context.Context, c *Conn, name string, opts ...Option) (*Semaphore
 	return s, nil
 }
 
-func (s *Semaphore) setConfig(cfg config) {
-	s.mu.Lock()
-	s.cfg, s.cfgAt = cfg, time.Now()
-	s.mu.Unlock()
-}
+func (s *Semaphore) setConfig(cfg config) { s.cfg.Set(cfg) }
 
 // configTTL is how long an acquirer trusts the configuration it read: after
 // a resize, every client admits by the new permit count within this long.
@@ -117,18 +114,7 @@ const configTTL = 2 * time.Second
 // freshConfig returns the configuration, re-reading it when it is older
 // than configTTL.
 func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
-	s.mu.Lock()
-	cfg, at := s.cfg, s.cfgAt
-	s.mu.Unlock()
-	if time.Since(at) < configTTL {
-		return cfg, nil
-	}
-	cfg, err := s.readConfig(ctx)
-	if err != nil {
-		return config{}, err
-	}
-	s.setConfig(cfg)
-	return cfg, nil
+	return s.cfg.Fresh(ctx, configTTL, s.readConfig)
 }
 
 // Resize changes the number of permits, under the creation lock, and
@@ -334,17 +320,9 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 func (s *Semaphore) Name() string { return s.name }
 
 // Permits returns the number of permits as last read from the broker.
-func (s *Semaphore) Permits() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg.Permits
-}
+func (s *Semaphore) Permits() int { return s.cfg.Get().Permits }
 
-func (s *Semaphore) config() config {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg
-}
+func (s *Semaphore) config() config { return s.cfg.Get() }
 
 // Close makes later calls return tokensem.ErrClosed and wakes callers
 // blocked in Acquire (they return ErrClosed). Held permits stay valid until

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -50,9 +51,9 @@ type Semaphore struct {
 	waitPull []byte // body of a waiting pull request
 	returned *handbacks
 
+	cfg cfgcache.Cache[config] // as last read; see freshConfig
+
 	mu     sync.Mutex
-	cfg    config
-	cfgAt  time.Time            // when cfg was read
 	cache  map[int]cachedRecord // slot records this client wrote or read last
 	idle   []*waiter            // inboxes with no pull pending, for reuse
 	closed bool
@@ -389,40 +390,25 @@ func (s *Semaphore) awaitTokens(ctx context.Context, permits int) {
 func (s *Semaphore) Name() string { return s.name }
 
 // Permits returns the number of permits as last read from the broker.
-func (s *Semaphore) Permits() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg.Permits
-}
+func (s *Semaphore) Permits() int { return s.cfg.Get().Permits }
 
 // Lease returns the semaphore's lease.
-func (s *Semaphore) Lease() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg.Lease
-}
+func (s *Semaphore) Lease() time.Duration { return s.cfg.Get().Lease }
 
-func (s *Semaphore) config() config {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg
-}
+func (s *Semaphore) config() config { return s.cfg.Get() }
 
 // refreshConfig re-reads the configuration (it changes on resize).
 func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
-	cfg, _, err := s.readConfig(ctx)
-	if err != nil {
-		return config{}, err
-	}
-	s.setConfig(cfg)
-	return cfg, nil
+	return s.cfg.Refresh(ctx, s.readCurrentConfig)
 }
 
-func (s *Semaphore) setConfig(cfg config) {
-	s.mu.Lock()
-	s.cfg, s.cfgAt = cfg, time.Now()
-	s.mu.Unlock()
+// readCurrentConfig is readConfig without the revision.
+func (s *Semaphore) readCurrentConfig(ctx context.Context) (config, error) {
+	cfg, _, err := s.readConfig(ctx)
+	return cfg, err
 }
+
+func (s *Semaphore) setConfig(cfg config) { s.cfg.Set(cfg) }
 
 // configTTL is how long an acquirer trusts the configuration it read: after
 // a resize, every client admits by the new permit count within this long.
@@ -431,13 +417,7 @@ const configTTL = 2 * time.Second
 // freshConfig returns the configuration, re-reading it when it is older
 // than configTTL.
 func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
-	s.mu.Lock()
-	cfg, at := s.cfg, s.cfgAt
-	s.mu.Unlock()
-	if time.Since(at) < configTTL {
-		return cfg, nil
-	}
-	return s.refreshConfig(ctx)
+	return s.cfg.Fresh(ctx, configTTL, s.readCurrentConfig)
 }
 
 // Resize changes the number of permits and repairs the token set to match
