@@ -495,6 +495,19 @@ func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
 	}
 }
 
+// confirmChannel opens a channel in publisher-confirm mode.
+func (c *Conn) confirmChannel(ctx context.Context) (*amqp.Channel, error) {
+	ch, _, err := c.channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	return ch, nil
+}
+
 // localLock returns the in-process lock of semaphore name: the broker's
 // exclusive lock queue keeps other connections out, not other callers on
 // this one.

@@ -36,6 +36,7 @@ type Inventory struct {
 
 	mu   sync.Mutex
 	ch   *amqp.Channel // holds the ready tokens of the latest census
+	pub  *amqp.Channel // confirm-mode channel the run issues tokens on
 	cfg  config
 	base uint64 // fence base of the tokens this run issues; 0 until the first
 }
@@ -55,6 +56,13 @@ func (inv *Inventory) Lock(ctx context.Context) (func(), error) {
 	inv.mu.Unlock()
 	return func() {
 		inv.release()
+		inv.mu.Lock()
+		pub := inv.pub
+		inv.pub = nil
+		inv.mu.Unlock()
+		if pub != nil {
+			_ = pub.Close()
+		}
 		unlock()
 	}, nil
 }
@@ -141,12 +149,8 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 		return fmt.Errorf("amqpsem: slot %d outside [0, %d)", index, cfg.Permits)
 	}
 	s := inv.s
-	ch, _, err := s.c.channel(ctx)
+	ch, err := inv.publishChannel(ctx)
 	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
 		return err
 	}
 	base, err := inv.fenceBase(ctx, ch)
@@ -170,6 +174,22 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	}
 	s.log.Info("issued a token for a missing slot", "index", index)
 	return nil
+}
+
+// publishChannel returns the run's confirm-mode channel, opening it on the
+// first Issue (or again after a broker error closed it); unlock closes it.
+func (inv *Inventory) publishChannel(ctx context.Context) (*amqp.Channel, error) {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if inv.pub != nil && !inv.pub.IsClosed() {
+		return inv.pub, nil
+	}
+	ch, err := inv.s.c.confirmChannel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	inv.pub = ch
+	return ch, nil
 }
 
 // fenceBase returns the fence base of the tokens this run issues. The

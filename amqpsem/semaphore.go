@@ -153,14 +153,11 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 	if cfg.Permits == permits {
 		return nil
 	}
-	ch, _, err := s.c.channel(ctx)
+	ch, err := s.c.confirmChannel(ctx)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
-		return err
-	}
 	old := cfg.Permits
 	cfg.Permits, cfg.Seq = permits, cfg.Seq+1
 	if err := s.writeConfig(ctx, ch, cfg); err != nil {
