@@ -24,9 +24,7 @@ import (
 // Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrNotInitialized (the
 // token queue is gone), or a wrapped broker error.
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
-	start := time.Now()
 	p, err := s.acquire(ctx, false)
-	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	if err != nil {
 		return nil, err
 	}
@@ -39,9 +37,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 // Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a wrapped
 // broker error.
 func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
-	start := time.Now()
 	p, err := s.acquire(ctx, true)
-	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	if err != nil {
 		return nil, err
 	}
@@ -50,13 +46,22 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
 
 const maxTryDeliveries = 16
 
-// errRetry asks acquire to start over on a new channel; backoff says
+// errRetry asks take to start over on a new channel; backoff says
 // whether to pause first (a duplicate of a held slot is circulating).
 type errRetry struct{ backoff bool }
 
 func (e errRetry) Error() string { return "amqpsem: retry" }
 
+// acquire is Acquire (noWait false) or TryAcquire, reported to the
+// observer.
 func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
+	start := time.Now()
+	p, err := s.take(ctx, noWait)
+	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
+	return p, err
+}
+
+func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -21,9 +21,7 @@ import (
 // Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrTooManyWaiters, or a
 // wrapped broker error.
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
-	start := time.Now()
 	p, err := s.acquire(ctx, false)
-	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	if err != nil {
 		return nil, err
 	}
@@ -35,9 +33,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 // Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a wrapped
 // broker error.
 func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
-	start := time.Now()
 	p, err := s.acquire(ctx, true)
-	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +44,16 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
 // tokens held by a live holder) TryAcquire looks past before giving up.
 const maxTryDeliveries = 16
 
+// acquire is Acquire (noWait false) or TryAcquire, reported to the
+// observer.
 func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
+	start := time.Now()
+	p, err := s.take(ctx, noWait)
+	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
+	return p, err
+}
+
+func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
