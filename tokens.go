@@ -3,12 +3,13 @@ package tokensem
 import (
 	"bytes"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"strconv"
+
+	"github.com/tokensem/tokensem/internal/ids"
 )
 
 // A Token is one permit of a semaphore, stored as one broker message. The
@@ -29,11 +30,7 @@ func (t Token) String() string {
 
 // NewToken returns a token for slot index of epoch with a fresh random ID.
 func NewToken(semaphore string, index int, epoch uint64) Token {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("tokensem: crypto/rand failed: " + err.Error()) // never happens on supported platforms
-	}
-	return Token{Semaphore: semaphore, Index: index, Epoch: epoch, ID: hex.EncodeToString(b[:])}
+	return Token{Semaphore: semaphore, Index: index, Epoch: epoch, ID: ids.New()}
 }
 
 // Token wire format, version 1:
