@@ -38,6 +38,12 @@ var (
 	// ErrKeyMismatch is returned by Init and Open when the signing key given
 	// (or its absence) does not match the one the semaphore was created with.
 	ErrKeyMismatch = errors.New("tokensem: signing key mismatch")
+	// ErrUnavailable is wrapped by every error that comes from the broker
+	// not answering or failing a request (unreachable, timed out, no
+	// leader during an election, JetStream or a queue temporarily down):
+	// trying again later may succeed. The broker's own error is wrapped
+	// beside it.
+	ErrUnavailable = errors.New("tokensem: broker unavailable")
 	// ErrTooManyWaiters is returned by Acquire when the broker refuses another
 	// waiting caller (the waiter limit set when the semaphore was created).
 	ErrTooManyWaiters = errors.New("tokensem: too many waiters")
