@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/ids"
 )
 
 // Acquire blocks until it holds a permit or ctx ends. Callers are served in
@@ -18,8 +20,13 @@ import (
 // back). On failure nothing changes: a token delivered to a caller that
 // gave up is handed on to the next waiter.
 //
-// Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrTooManyWaiters, or a
-// wrapped broker error.
+// A broker that does not answer for a while (a stream or consumer electing
+// a new leader, a server restarting, a lost connection being re-made) does
+// not end the wait: Acquire waits on through it until ctx ends.
+//
+// Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrTooManyWaiters,
+// tokensem.ErrNotInitialized (the semaphore was deleted), or a broker error
+// that waiting cannot cure (wrapping tokensem.ErrUnavailable).
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 	p, err := s.acquire(ctx, false)
 	if err != nil {
@@ -30,8 +37,8 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 
 // TryAcquire takes a free permit or returns tokensem.ErrNoPermit at once.
 //
-// Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a wrapped
-// broker error.
+// Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a broker
+// error (wrapping tokensem.ErrUnavailable).
 func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
 	p, err := s.acquire(ctx, true)
 	if err != nil {
@@ -77,11 +84,18 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	firstBeat, idle := hb+hb/2, 3*hb
 	timer := time.NewTimer(firstBeat)
 	defer timer.Stop()
-	var noResponders time.Time
+	var unanswered time.Time // since when pulls find no consumer (503)
+	pause := backoff{min: 20 * time.Millisecond, max: time.Second}
 	tries := 0
 	for {
 		if err := w.pull(noWait); err != nil {
-			return nil, err
+			if noWait || !transient(err) {
+				return nil, err
+			}
+			if err := pause.wait(ctx, s.done); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		timer.Reset(firstBeat)
 	wait:
@@ -106,12 +120,22 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						continue // not for us
 					}
 					w.ended()
-					noResponders = time.Time{}
+					unanswered = time.Time{}
 					// A claim is short and runs to its end even if ctx
 					// ends meanwhile: its outcome must be known.
 					p, err := s.claim(context.WithoutCancel(ctx), m)
-					if p != nil || err != nil {
-						return p, err
+					switch {
+					case p != nil:
+						return p, nil
+					case err != nil && (noWait || !transient(err)):
+						return nil, err
+					case err != nil:
+						s.log.Warn("claim failed; waiting on", "err", err)
+						if err := pause.wait(ctx, s.done); err != nil {
+							return nil, err
+						}
+					default:
+						pause.reset()
 					}
 					tries++
 					if noWait && tries >= maxTryDeliveries {
@@ -130,27 +154,79 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					if isMaxWaiting(desc) {
 						return nil, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
 					}
+					if err := s.checkConsumer(ctx); err != nil && !transient(err) {
+						return nil, err
+					}
 					s.log.Debug("pull ended by the server; re-issuing it", "status", desc)
 					if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
 						return nil, err
 					}
 					break wait
 				case "503":
-					if noResponders.IsZero() {
-						noResponders = time.Now()
-					} else if time.Since(noResponders) > s.opts.RequestTimeout {
-						return nil, fmt.Errorf("natssem: %s: no consumer answers (semaphore deleted or JetStream down): %w",
-							s.name, nats.ErrNoResponders)
+					// No consumer answers the pull: its stream or consumer
+					// is electing a leader, JetStream is restarting, or the
+					// semaphore was deleted.
+					if unanswered.IsZero() {
+						unanswered = time.Now()
 					}
-					if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+					if time.Since(unanswered) > s.opts.RequestTimeout {
+						err := s.checkConsumer(ctx)
+						if err == nil {
+							err = wrapBrokerErr(fmt.Errorf("%s: no consumer answers: %w", s.name, nats.ErrNoResponders))
+						}
+						if noWait || !transient(err) {
+							return nil, err
+						}
+						s.log.Warn("no consumer answers pulls; waiting on", "for", time.Since(unanswered).Round(time.Millisecond), "err", err)
+					}
+					if err := pause.wait(ctx, s.done); err != nil {
 						return nil, err
 					}
 					break wait
 				default:
-					return nil, fmt.Errorf("natssem: pull answered %s %s", code, desc)
+					return nil, wrapBrokerErr(fmt.Errorf("pull answered %s %s", code, desc))
 				}
 			}
 		}
+	}
+}
+
+// transient reports whether err is a broker failure that waiting may cure:
+// one wrapping tokensem.ErrUnavailable, unless it says the semaphore, the
+// connection or JetStream itself is gone for good.
+func transient(err error) bool {
+	return errors.Is(err, tokensem.ErrUnavailable) &&
+		!errors.Is(err, tokensem.ErrNotInitialized) &&
+		!errors.Is(err, nats.ErrConnectionClosed) &&
+		!errors.Is(err, nats.ErrBadSubscription) &&
+		!errors.Is(err, nats.ErrAuthorization) &&
+		!errors.Is(err, nats.ErrPermissionViolation) &&
+		!errors.Is(err, jetstream.ErrJetStreamNotEnabled) &&
+		!errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
+}
+
+// backoff paces retries after broker failures: jittered, doubling from min
+// to max.
+type backoff struct {
+	min, max time.Duration
+	cur      time.Duration
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// wait sleeps the next pause, unless ctx ends (its error) or done closes
+// (tokensem.ErrClosed).
+func (b *backoff) wait(ctx context.Context, done <-chan struct{}) error {
+	b.cur = min(max(2*b.cur, b.min), b.max)
+	t := time.NewTimer(b.cur/2 + rand.N(b.cur/2+1))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-done:
+		return tokensem.ErrClosed
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -166,6 +242,14 @@ func (s *Semaphore) checkWaiterQueue(ctx context.Context) error {
 		return fmt.Errorf("%w: %d callers already wait on %s", tokensem.ErrTooManyWaiters, info.NumWaiting, s.name)
 	}
 	return nil
+}
+
+// checkConsumer returns nil if the holders consumer answers,
+// tokensem.ErrNotInitialized if it or its stream is gone, or the broker's
+// error.
+func (s *Semaphore) checkConsumer(ctx context.Context) error {
+	_, err := s.consumerInfo(ctx)
+	return err
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -186,6 +270,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // whole lease by the server's clock (the holder gave up before that, see
 // Permit); otherwise the delivery is a stale redelivery (step away, touch
 // nothing) or a duplicate token of a live holder's slot (delete it).
+//
+// A won write makes a permit only with at least minHold left before its
+// deadline; a later one (a slow broker, an election) frees the record again
+// and hands the token on, and the caller keeps waiting.
 func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 	meta, err := m.Metadata()
 	if err != nil {
@@ -201,62 +289,60 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 		s.giveBack(m)
 		return nil, err
 	}
-	holder := tokensem.NewToken(s.name, 0, 1).ID // unique id of this acquire
-	cfg := s.config()
+	holder := ids.New() // unique id of this acquire
+	lease := s.config().Lease
+	d := delivery{tok: tok, reply: m.Reply, seq: seq, delivered: meta.NumDelivered, holder: holder}
 
-	cached, ok := s.cached(tok.Index, seq, meta.NumDelivered)
+	cur, ok := s.slots.cached(tok.Index, seq, meta.NumDelivered)
 	for attempt := 0; attempt < 5; attempt++ {
 		if !ok {
-			cached, err = s.readRecord(ctx, tok.Index)
+			cur, err = s.slots.read(ctx, tok.Index)
 			if err != nil {
 				s.giveBack(m) // we wrote nothing: hand it on
 				return nil, err
 			}
 		}
 		ok = false // any retry reads the record afresh
-		rec := cached.rec
-		if !rec.free() {
+		if !cur.rec.free() {
 			now, err := s.serverNow(ctx)
 			if err != nil {
 				s.giveBack(m)
 				return nil, err
 			}
-			age := now.Sub(cached.written)
-			if age < cfg.Lease {
-				if rec.Seq == seq {
-					s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", rec.Owner)
+			if cur.live(now, lease) {
+				if cur.rec.Seq == seq {
+					s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", cur.rec.Owner)
 					return nil, nil
 				}
-				s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", rec.Seq)
+				s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", cur.rec.Seq)
 				s.deleteMsg(ctx, seq)
 				return nil, nil
 			}
-			s.log.Info("taking over the slot of a silent holder", "index", tok.Index, "holder", rec.Owner, "silent", age)
+			s.log.Info("taking over the slot of a silent holder", "index", tok.Index, "holder", cur.rec.Owner, "silent", now.Sub(cur.written))
 		}
-		want := record{Holder: holder, Owner: s.opts.HolderName, Seq: seq, Token: tok.ID}
-		sent := time.Now()
-		rev, err := s.cas(ctx, tok.Index, want, cached.rev, meta.NumDelivered)
+		d.rec = record{Holder: holder, Owner: s.opts.HolderName, Seq: seq, Token: tok.ID}
+		d.sent = time.Now()
+		// A write answered after the last useful instant makes no permit:
+		// wait for it no longer than that.
+		wctx, cancel := context.WithDeadline(ctx, d.lastUseful(lease))
+		rev, err := s.slots.cas(wctx, tok.Index, d.rec, cur.rev, meta.NumDelivered)
+		cancel()
 		switch {
 		case err == nil:
-			// Restart the server's ack timer now, after the record write, so
-			// the token cannot be redelivered before the record is a whole
-			// lease old (which would make the next receiver step away).
-			if err := s.nc.Publish(m.Reply, ackProgress); err != nil {
-				s.log.Debug("in-progress after claim failed", "err", err)
+			if !cur.rec.free() && cur.rec.Seq != seq {
+				s.deleteMsg(ctx, cur.rec.Seq) // the silent holder's copy is now a duplicate
 			}
-			if !rec.free() && rec.Seq != seq {
-				s.deleteMsg(ctx, rec.Seq) // the silent holder's copy is now a duplicate
-			}
-			return s.newPermit(won{tok, m.Reply, seq, meta.NumDelivered, holder, want, rev, sent, cfg.Lease}), nil
-		case errors.Is(err, jetstream.ErrKeyExists):
+			return s.won(ctx, m, d, rev, lease)
+		case errors.Is(err, errConflict):
 			continue // someone wrote first: re-read and decide again
 		default:
 			// Outcome unknown: find out whether our write landed.
-			got, rerr := s.readRecord(ctx, tok.Index)
+			rctx, cancel := context.WithDeadline(ctx, d.lastUseful(lease))
+			got, rerr := s.slots.read(rctx, tok.Index)
+			cancel()
 			switch {
 			case rerr == nil && got.rec.Holder == holder:
-				_ = s.nc.Publish(m.Reply, ackProgress)
-				return s.newPermit(won{tok, m.Reply, seq, meta.NumDelivered, holder, want, got.rev, sent, cfg.Lease}), nil
+				return s.won(ctx, m, d, got.rev, lease)
 			case rerr == nil:
 				s.giveBack(m) // our write did not land
 			}
@@ -266,6 +352,46 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 		}
 	}
 	return nil, nil
+}
+
+// delivery is a token delivery being claimed, and the record written for
+// it.
+type delivery struct {
+	tok       tokensem.Token
+	reply     string // the delivery's ack subject
+	seq       uint64 // the token's stream sequence
+	delivered uint64 // the token's delivery count
+	holder    string // unique id of this acquire
+	rec       record // the record written to claim the slot
+	sent      time.Time
+}
+
+// lastUseful is the last instant at which a claim write sent at d.sent can
+// still make a permit.
+func (d delivery) lastUseful(lease time.Duration) time.Time {
+	return deadline(d.sent, lease).Add(-minHold(lease))
+}
+
+// won makes a permit of a delivery whose claim write landed at revision
+// rev, if enough of its lease is left; otherwise it frees the record again
+// and hands the token on, and the caller keeps waiting.
+func (s *Semaphore) won(ctx context.Context, m *nats.Msg, d delivery, rev uint64, lease time.Duration) (*Permit, error) {
+	if late := time.Since(d.lastUseful(lease)); late > 0 {
+		s.log.Warn("claim answered too late to hold the permit; handing the token on", "index", d.tok.Index, "late", late)
+		free := record{Seq: d.seq, Token: d.tok.ID, By: d.holder}
+		if _, err := s.slots.cas(context.WithoutCancel(ctx), d.tok.Index, free, rev, d.delivered); err == nil {
+			s.giveBack(m)
+		}
+		// Otherwise the record ages out and the token returns in a lease.
+		return nil, nil
+	}
+	// Restart the server's ack timer now, after the record write, so the
+	// token cannot be redelivered before the record is a whole lease old
+	// (which would make the next receiver step away).
+	if err := s.nc.Publish(m.Reply, ackProgress); err != nil {
+		s.log.Debug("in-progress after claim failed", "err", err)
+	}
+	return s.newPermit(d, rev, lease), nil
 }
 
 // errRetired marks a delivery that is not a usable token of this semaphore.
@@ -316,88 +442,29 @@ func (s *Semaphore) deleteMsg(ctx context.Context, seq uint64) {
 	}
 }
 
-// cached returns the record this client last wrote for a slot, when it can
-// be trusted without a read: it freed the slot releasing this very message
-// (seq), and this delivery is the next one of that message, so nobody else
-// had the token in between and the record cannot have changed. Anything else
-// (another client held it since, a duplicate) needs a fresh read.
-func (s *Semaphore) cached(index int, seq, delivered uint64) (cachedRecord, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c, ok := s.cache[index]
-	return c, ok && c.rec.free() && c.rec.Seq == seq && c.delivered != 0 && c.delivered+1 == delivered
-}
-
-// remember records what this client wrote or read for a slot. delivered is
-// the delivery count of the token when we wrote (0 for reads).
-func (s *Semaphore) remember(index int, rec record, rev, delivered uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c, ok := s.cache[index]; !ok || c.rev < rev {
-		s.cache[index] = cachedRecord{rec: rec, rev: rev, delivered: delivered}
-	}
-}
-
-func (s *Semaphore) readRecord(ctx context.Context, index int) (cachedRecord, error) {
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	e, err := s.kv.Get(rctx, slotKey(index))
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return cachedRecord{}, nil // never held: free at revision 0
-	case err != nil:
-		return cachedRecord{}, wrapBrokerErr(err)
-	}
-	rec, err := decodeRecord(e.Value())
-	if err != nil {
-		// A corrupt record is treated as held by nobody we know; only a
-		// compare-and-set against its revision can replace it.
-		s.log.Warn("corrupt slot record", "index", index, "err", err)
-		rec = record{}
-	}
-	c := cachedRecord{rec: rec, rev: e.Revision(), written: e.Created()}
-	s.remember(index, rec, e.Revision(), 0)
-	return c, nil
-}
-
-// cas writes rec to the slot's record if its last revision is still rev
-// (0: the record must not exist). It returns the new revision (the fence),
-// or an error wrapping jetstream.ErrKeyExists when someone else wrote first.
-// Callers that must learn the outcome even after their caller gave up pass
-// a context.WithoutCancel.
-func (s *Semaphore) cas(ctx context.Context, index int, rec record, rev, delivered uint64) (uint64, error) {
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	newRev, err := s.kv.Update(rctx, slotKey(index), rec.encode(), rev)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, err
-		}
-		return 0, wrapBrokerErr(err)
-	}
-	s.remember(index, rec, newRev, delivered)
-	return newRev, nil
-}
-
 // serverNow returns the server's current time (from consumer info), the
 // clock that stamps KV entries: a record's age is measured on the server's
 // clock alone, so client clocks play no part in a takeover.
 func (s *Semaphore) serverNow(ctx context.Context) (time.Time, error) {
 	info, err := s.consumerInfo(ctx)
 	if err != nil {
-		return time.Time{}, wrapBrokerErr(err)
+		return time.Time{}, err
 	}
 	return info.TimeStamp, nil
 }
 
 // consumerInfo reads the holders consumer's info: one round trip (the
-// lookup returns it).
+// lookup returns it). A missing stream or consumer is
+// tokensem.ErrNotInitialized; other failures are broker errors.
 func (s *Semaphore) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	c, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
-	if err != nil {
-		return nil, err
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil, fmt.Errorf("%w: %s: %w", tokensem.ErrNotInitialized, s.name, err)
+	case err != nil:
+		return nil, wrapBrokerErr(err)
 	}
 	return c.CachedInfo(), nil
 }

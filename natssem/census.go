@@ -3,14 +3,9 @@ package natssem
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/reconciler"
@@ -78,44 +73,6 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]StoredToken, error) {
 	}
 }
 
-// slotState is one slot record as found by a census.
-type slotState struct {
-	rec     record
-	rev     uint64
-	written time.Time
-}
-
-// readSlots reads every slot record.
-func (s *Semaphore) readSlots(ctx context.Context) (map[int]slotState, error) {
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	w, err := s.kv.Watch(rctx, slotPrefix+">", jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, wrapBrokerErr(err)
-	}
-	defer func() { _ = w.Stop() }()
-	out := make(map[int]slotState)
-	for {
-		select {
-		case <-rctx.Done():
-			return nil, fmt.Errorf("natssem: reading slot records: %w", rctx.Err())
-		case e := <-w.Updates():
-			if e == nil {
-				return out, nil // initial values done
-			}
-			idx, err := strconv.Atoi(strings.TrimPrefix(e.Key(), slotPrefix))
-			if err != nil {
-				continue
-			}
-			rec, err := decodeRecord(e.Value())
-			if err != nil {
-				continue
-			}
-			out[idx] = slotState{rec: rec, rev: e.Revision(), written: e.Created()}
-		}
-	}
-}
-
 // Status takes a census: every token message (parsed and checked against
 // the configuration and signing key), every slot record, and the consumer's
 // queue of waiters.
@@ -130,10 +87,7 @@ func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
 	}
 	cons, err := s.consumerInfo(ctx)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return tokensem.Status{}, fmt.Errorf("%w: %s has no consumer", tokensem.ErrNotInitialized, s.name)
-		}
-		return tokensem.Status{}, wrapBrokerErr(err)
+		return tokensem.Status{}, err
 	}
 	f := reconciler.Analyze(c)
 	st := tokensem.Status{

@@ -3,17 +3,12 @@ package natssem
 import (
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 )
 
-// KV keys of a semaphore's bucket.
-const (
-	configKey  = "config"
-	slotPrefix = "slot."
-)
-
-func slotKey(index int) string { return slotPrefix + strconv.Itoa(index) }
+// configKey is the KV key of the configuration; slot records live beside
+// it (see slotKey).
+const configKey = "config"
 
 // config is the semaphore's definition, stored under configKey. Every
 // client reads it at Open; Init creates it exactly once.
@@ -36,6 +31,8 @@ const (
 	stateReady    = "ready"
 )
 
+func (c config) encode() []byte { return mustMarshal(c) }
+
 func decodeConfig(b []byte) (config, error) {
 	var c config
 	if err := json.Unmarshal(b, &c); err != nil {
@@ -45,37 +42,4 @@ func decodeConfig(b []byte) (config, error) {
 		return config{}, fmt.Errorf("natssem: unsupported config record %q", b)
 	}
 	return c, nil
-}
-
-// record is a slot's lease record, stored under slotKey(index). It, not the
-// token delivery, decides who holds the slot: a delivery becomes a permit
-// only by a compare-and-set of this record, and its KV revision is the
-// fencing number. Holder is empty when the slot is free.
-type record struct {
-	Holder string `json:"h,omitempty"` // unique id of the holding acquire
-	Owner  string `json:"o,omitempty"` // holder's name, for Status
-	Seq    uint64 `json:"seq"`         // stream sequence of the held (or last held) token
-	Token  string `json:"tok,omitempty"`
-	By     string `json:"by,omitempty"` // on a free record: the holder that released it
-}
-
-func (r record) free() bool { return r.Holder == "" }
-
-func (r record) encode() []byte {
-	b, err := json.Marshal(r)
-	if err != nil {
-		panic(err) // a struct of strings and ints always marshals
-	}
-	return b
-}
-
-func decodeRecord(b []byte) (record, error) {
-	var r record
-	if len(b) == 0 {
-		return r, nil
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return record{}, fmt.Errorf("natssem: corrupt slot record: %w", err)
-	}
-	return r, nil
 }

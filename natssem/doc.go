@@ -29,23 +29,62 @@
 //     below); take it over by compare-and-set.
 //
 // A holder renews every lease/3: a compare-and-set of its record, then an
-// in-progress ack. Its local deadline is the send time of its last
-// successful record write plus the lease, minus lease/5; the server stamps
-// that write later than it was sent, so the holder gives up (Done closes)
-// before anyone can take the slot over. Release is a compare-and-set of the
-// record to free and, only if that succeeds, a Nak that hands the token to
-// the next waiter. A holder whose compare-and-set fails was taken over: it
-// touches nothing. Junk, forged, foreign and retired tokens are removed by
-// the acquirer that receives them.
+// in-progress ack. It holds its permit until the send time of its last
+// successful record write plus the lease minus lease/5 (its deadline); the
+// server stamps that write later than it was sent, so the holder gives up
+// (Done closes) before anyone can take the slot over. Release is a
+// compare-and-set of the record to free and, only if that succeeds, a Nak
+// that hands the token to the next waiter. A holder whose compare-and-set
+// fails was taken over: it touches nothing. Junk, forged, foreign and
+// retired tokens are removed by the acquirer that receives them.
+//
+// Every step of a claim after its write is bounded by that deadline, and a
+// claim whose write is answered with less than lease/10 left (a slow
+// broker, an election) frees the record again and hands the token on
+// instead of returning a permit that is about to expire.
 //
 // Costs on loopback: acquire is one pull plus one compare-and-set, release
 // one compare-and-set plus a one-way Nak (see BenchmarkCycle and
 // BenchmarkHandoff).
 //
+// # Clocks
+//
+// A takeover compares two server timestamps: the time the server stamped
+// the holder's last record write (w) and the server time in the consumer
+// info the taker reads (now); it takes over when now - w >= lease. The
+// holder, for its part, measures lease - lease/5 on its own monotonic clock
+// from the moment it sent that write. So the promise "a running holder
+// learns of its loss before anyone else holds its slot" holds exactly as
+// long as
+//
+//	(clock that answers consumer info) - (clock that stamped the write) < lease/5
+//
+// measured between the two instants involved: a server clock stepped forward
+// between the stamp and the read, and in a cluster the skew between the
+// node leading the KV bucket's stream (which stamps records) and the node
+// leading the token consumer (which answers consumer info), both count
+// against that lease/5. Clocks stepped backward, or a slower server clock,
+// only delay takeovers. The client's wall clock plays no part; NTP slewing
+// is harmless. Beyond the bound, or while a holder's process is frozen, the
+// fence still tells the stale holder's writes from the new holder's.
+//
+// # Failures
+//
+// A request the broker does not answer (a stream or consumer electing a new
+// leader, a node restarting) is retried: Acquire waits on until its ctx
+// ends, and a holder keeps renewing until its deadline. An election that
+// lasts longer than a holder's margin (lease minus lease/5 minus the time
+// since its last renewal) costs that holder its permit (Done closes) — the
+// safe side. Choose the lease well above the cluster's election time (see
+// the README's Reliability section for measured figures).
+//
+// Request timeouts (WithRequestTimeout) must be shorter than lease - lease/5;
+// unset, they default to the smaller of tokensem.DefaultRequestTimeout and
+// a quarter of the lease.
+//
 // # Limits
 //
-// Takeover compares server timestamps, so it assumes the server's wall
-// clock does not jump forward by a lease (NTP slewing is fine). Callers that
-// wait longer than the pull expiry (default 5 minutes) re-queue at the back.
-// Waiters across all clients are capped by WithMaxWaiters.
+// Callers that wait longer than the pull expiry (default 5 minutes)
+// re-queue at the back. Waiters across all clients are capped by
+// WithMaxWaiters.
 package natssem

@@ -2,7 +2,8 @@ package natssem
 
 import (
 	"errors"
-	"fmt"
+
+	"github.com/tokensem/tokensem"
 )
 
 // errTakenOver is the cause of a loss when another client's compare-and-set
@@ -13,9 +14,18 @@ var errTakenOver = errors.New("natssem: slot taken over by another holder")
 // local deadline, after which another client could take the slot over.
 var errLeaseExpired = errors.New("natssem: lease expired before a renewal succeeded")
 
+// brokerError is a request the broker failed or did not answer. It matches
+// tokensem.ErrUnavailable and the broker's error.
+type brokerError struct{ err error }
+
+func (e brokerError) Error() string   { return "natssem: " + e.err.Error() }
+func (e brokerError) Unwrap() []error { return []error{tokensem.ErrUnavailable, e.err} }
+
+// wrapBrokerErr marks err as a broker error (nil stays nil; an error that
+// already is one is returned as is).
 func wrapBrokerErr(err error) error {
-	if err == nil {
-		return nil
+	if err == nil || errors.Is(err, tokensem.ErrUnavailable) {
+		return err
 	}
-	return fmt.Errorf("natssem: %w", err)
+	return brokerError{err}
 }

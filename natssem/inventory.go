@@ -23,7 +23,7 @@ type Inventory struct {
 	s *Semaphore
 
 	mu    sync.Mutex
-	slots map[int]slotState // slot records as of the latest Census
+	slots map[int]slotEntry // slot records as of the latest Census
 	now   time.Time         // server time of the latest Census
 	cfg   config
 }
@@ -49,7 +49,7 @@ func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
 	// Records before tokens: a slot issued after its record was read shows
 	// up in the scan, and one issued before it moved the revision Issue will
 	// compare against.
-	slots, err := s.readSlots(ctx)
+	slots, err := s.slots.readAll(ctx)
 	if err != nil {
 		return reconciler.Census{}, err
 	}
@@ -61,9 +61,9 @@ func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
 	if err != nil {
 		return reconciler.Census{}, err
 	}
-	live := func(idx int) (slotState, bool) {
+	live := func(idx int) (slotEntry, bool) {
 		sl, ok := slots[idx]
-		return sl, ok && !sl.rec.free() && idx < cfg.Permits && now.Sub(sl.written) < cfg.Lease
+		return sl, ok && idx < cfg.Permits && sl.live(now, cfg.Lease)
 	}
 	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, Entries: make([]reconciler.Entry, 0, len(msgs))}
 	for _, m := range msgs {
@@ -133,8 +133,8 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if ack.Duplicate {
 		return reconciler.ErrConflict
 	}
-	if _, err := s.cas(ctx, index, record{By: "reconciler", Token: tok.ID}, sl.rev, 0); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
+	if _, err := s.slots.cas(ctx, index, record{By: "reconciler", Token: tok.ID}, sl.rev, 0); err != nil {
+		if errors.Is(err, errConflict) {
 			return reconciler.ErrConflict
 		}
 		return err

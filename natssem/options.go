@@ -34,6 +34,7 @@ type options struct {
 	pullExpiry time.Duration
 	heartbeat  time.Duration
 	leaseSet   bool
+	timeoutSet bool
 }
 
 // Option configures Init and Open. Invalid values make Init or Open return
@@ -88,9 +89,16 @@ func WithLogger(l *slog.Logger) Option { return common(tokensem.WithLogger(l)) }
 // WithHolderName names this client in lease records (default "host:pid").
 func WithHolderName(name string) Option { return common(tokensem.WithHolderName(name)) }
 
-// WithRequestTimeout bounds each broker round trip (default
-// tokensem.DefaultRequestTimeout).
-func WithRequestTimeout(d time.Duration) Option { return common(tokensem.WithRequestTimeout(d)) }
+// WithRequestTimeout bounds each broker round trip. It must be shorter
+// than the semaphore's lease minus lease/5 (Init and Open return an error
+// wrapping tokensem.ErrInvalidOption otherwise). Default: the smaller of
+// tokensem.DefaultRequestTimeout and a quarter of the lease.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		o.timeoutSet = true
+		return tokensem.WithRequestTimeout(d)(&o.Options)
+	}
+}
 
 // WithReplicas sets the replication factor of the stream and KV bucket that
 // Init creates: 1 or 3 (3 needs a JetStream cluster). Default 1.

@@ -16,26 +16,20 @@ import (
 var _ tokensem.Permit = (*Permit)(nil)
 
 // Permit is a held permit of a NATS semaphore. Its own goroutine renews it
-// every lease/3: first a compare-and-set of the slot record (which proves
-// nobody took the slot over), then an in-progress ack that keeps the server
-// from redelivering the token.
+// every renewEvery(lease): first a compare-and-set of the slot record
+// (which proves nobody took the slot over), then an in-progress ack that
+// keeps the server from redelivering the token.
 //
-// The local deadline is the send time of the last successful record write
-// plus the lease, minus a margin of lease/5. Another client can take the
-// slot over only once the record is a whole lease old by the server's clock,
-// and the server stamps a write after it was sent, so Done closes before
-// anyone else can hold the slot.
+// The permit is held until deadline(sent) after the send time of its last
+// successful record write (lease minus lease/5). Another client can take
+// the slot over only once the record is a whole lease old by the server's
+// clock, and the server stamps a write after it was sent, so Done closes
+// before anyone else can hold the slot.
 type Permit struct {
 	s     *Semaphore
-	tok   tokensem.Token
-	reply string // the delivery's ack subject
-	seq   uint64
-	// delivered is the token's delivery count when we got it.
-	delivered uint64
-	holder    string
-	rec       record
-	fence     uint64
-	lease     time.Duration
+	d     delivery // the claimed delivery and the record that claimed it
+	fence uint64
+	lease time.Duration
 
 	life *permitstate.State // held, then released or lost
 
@@ -47,27 +41,19 @@ type Permit struct {
 	exited   chan struct{}
 }
 
-// won describes a delivery whose slot record this client just wrote.
-type won struct {
-	tok       tokensem.Token
-	reply     string // the delivery's ack subject
-	seq       uint64
-	delivered uint64
-	holder    string
-	rec       record
-	rev       uint64    // revision written: the fence
-	sent      time.Time // when the winning write was sent
-	lease     time.Duration
-}
-
-func (s *Semaphore) newPermit(w won) *Permit {
+// newPermit starts the life of a permit whose claim write (d.rec, sent at
+// d.sent) landed at revision rev. A permit made after its deadline is lost
+// before it is returned.
+func (s *Semaphore) newPermit(d delivery, rev uint64, lease time.Duration) *Permit {
 	p := &Permit{
-		s: s, tok: w.tok, reply: w.reply, seq: w.seq, delivered: w.delivered, holder: w.holder, rec: w.rec,
-		fence: w.rev, lease: w.lease, rev: w.rev, deadline: w.sent.Add(w.lease - w.lease/5),
+		s: s, d: d, fence: rev, lease: lease, rev: rev, deadline: deadline(d.sent, lease),
 		life: permitstate.New(s.opts.Observer, s.name, s.Permits()), exited: make(chan struct{}),
 	}
 	p.ctx, p.stop = context.WithCancel(context.Background())
-	s.log.Debug("permit acquired", "index", w.tok.Index, "fence", w.rev)
+	if !time.Now().Before(p.deadline) {
+		p.lose(errLeaseExpired)
+	}
+	s.log.Debug("permit acquired", "index", d.tok.Index, "fence", rev)
 	go p.run()
 	return p
 }
@@ -80,7 +66,7 @@ func (p *Permit) Done() <-chan struct{} { return p.life.Done() }
 func (p *Permit) Err() error { return p.life.Err() }
 
 // Token returns the held token.
-func (p *Permit) Token() tokensem.Token { return p.tok }
+func (p *Permit) Token() tokensem.Token { return p.d.tok }
 
 // Fence returns the KV revision of the write that acquired the slot; it
 // grows every time the slot changes hands.
@@ -97,8 +83,10 @@ func (p *Permit) Deadline() time.Time {
 func (p *Permit) run() {
 	defer close(p.exited)
 	defer p.stop()
-	interval, retry := p.lease/3, p.lease/10
-	renew := time.NewTimer(interval)
+	interval, retry := renewEvery(p.lease), retryEvery(p.lease)
+	// The first renewal is due a renewal interval after the claim write
+	// was sent, however long the claim took to answer.
+	renew := time.NewTimer(time.Until(p.d.sent.Add(interval)))
 	defer renew.Stop()
 	expire := time.NewTimer(time.Until(p.Deadline()))
 	defer expire.Stop()
@@ -124,7 +112,7 @@ func (p *Permit) run() {
 				return
 			default:
 				lastErr = err
-				p.s.log.Warn("permit renewal failed; retrying", "index", p.tok.Index, "err", err)
+				p.s.log.Warn("permit renewal failed; retrying", "index", p.d.tok.Index, "err", err)
 				renew.Reset(retry)
 			}
 		}
@@ -138,13 +126,13 @@ func (p *Permit) renew() error {
 	ctx, cancel := context.WithDeadline(p.ctx, p.Deadline())
 	defer cancel()
 	sent := time.Now()
-	if err := p.write(ctx, p.rec); err != nil {
+	if err := p.write(ctx, p.d.rec); err != nil {
 		return err
 	}
 	p.mu.Lock()
-	p.deadline = sent.Add(p.lease - p.lease/5)
+	p.deadline = deadline(sent, p.lease)
 	p.mu.Unlock()
-	return wrapBrokerErr(p.s.nc.Publish(p.reply, ackProgress))
+	return wrapBrokerErr(p.s.nc.Publish(p.d.reply, ackProgress))
 }
 
 // write replaces the slot record by compare-and-set on the permit's
@@ -158,26 +146,26 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 		p.mu.Lock()
 		rev := p.rev
 		p.mu.Unlock()
-		newRev, err := p.s.cas(ctx, p.tok.Index, rec, rev, p.delivered)
+		newRev, err := p.s.slots.cas(ctx, p.d.tok.Index, rec, rev, p.d.delivered)
 		if err == nil {
 			p.setRev(newRev)
 			return nil
 		}
-		got, rerr := p.s.readRecord(ctx, p.tok.Index)
+		got, rerr := p.s.slots.read(ctx, p.d.tok.Index)
 		if rerr != nil {
 			return errors.Join(err, rerr)
 		}
 		switch {
-		case rec.free() && got.rec.free() && got.rec.By == p.holder:
+		case rec.free() && got.rec.free() && got.rec.By == p.d.holder:
 			p.setRev(got.rev)
 			return nil
-		case got.rec.Holder == p.holder:
+		case got.rec.Holder == p.d.holder:
 			p.setRev(got.rev)
 		default:
 			return fmt.Errorf("%w: record now held by %q at revision %d", errTakenOver, got.rec.Owner, got.rev)
 		}
 	}
-	return fmt.Errorf("natssem: slot record of %s keeps changing", p.tok)
+	return fmt.Errorf("natssem: slot record of %s keeps changing", p.d.tok)
 }
 
 func (p *Permit) setRev(rev uint64) {
@@ -187,8 +175,8 @@ func (p *Permit) setRev(rev uint64) {
 }
 
 func (p *Permit) lose(cause error) {
-	if p.life.Lose(p.tok, cause) {
-		p.s.log.Warn("permit lost", "index", p.tok.Index, "fence", p.fence, "cause", cause)
+	if p.life.Lose(p.d.tok, cause) {
+		p.s.log.Warn("permit lost", "index", p.d.tok.Index, "fence", p.fence, "cause", cause)
 	}
 }
 
@@ -215,7 +203,7 @@ func (p *Permit) Release(ctx context.Context) error {
 		return p.Err()
 	}
 
-	free := record{Seq: p.seq, Token: p.tok.ID, By: p.holder}
+	free := record{Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
 	wctx, cancel := p.s.rtt(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := p.write(wctx, free); err != nil {
@@ -227,9 +215,9 @@ func (p *Permit) Release(ctx context.Context) error {
 		return p.Err()
 	}
 	// The record is free and was ours until now: only now may the token go.
-	if err := p.s.returned.nak(p.reply); err != nil {
+	if err := p.s.returned.nak(p.d.reply); err != nil {
 		p.s.log.Warn("released, but the token's hand-back failed; it returns after the lease", "err", err)
 	}
-	p.s.log.Debug("permit released", "index", p.tok.Index)
+	p.s.log.Debug("permit released", "index", p.d.tok.Index)
 	return p.life.Released()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/cfgcache"
+	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -50,21 +51,14 @@ type Semaphore struct {
 	pullSubj string
 	waitPull []byte // body of a waiting pull request
 	returned *handbacks
+	slots    *slotStore // set once the bucket is found
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
 
 	mu     sync.Mutex
-	cache  map[int]cachedRecord // slot records this client wrote or read last
-	idle   []*waiter            // inboxes with no pull pending, for reuse
+	idle   []*waiter // inboxes with no pull pending, for reuse
 	closed bool
 	done   chan struct{} // closed by Close: wakes waiting Acquire calls
-}
-
-type cachedRecord struct {
-	rec       record
-	rev       uint64
-	written   time.Time // server time of the write; zero for our own writes
-	delivered uint64    // token delivery count at our write; 0 for reads
 }
 
 // Init creates semaphore name with permits tokens, or opens it if it already
@@ -101,6 +95,9 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 		s.log.Warn("semaphore exists with another lease; using the stored one",
 			"semaphore", name, "stored", cfg.Lease, "requested", o.Lease)
 	}
+	if err := s.useLease(cfg.Lease); err != nil {
+		return nil, err
+	}
 	s.setConfig(cfg)
 	return s, nil
 }
@@ -136,8 +133,27 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	if err := s.checkKey(cfg); err != nil {
 		return nil, err
 	}
+	if err := s.useLease(cfg.Lease); err != nil {
+		return nil, err
+	}
 	s.setConfig(cfg)
 	return s, nil
+}
+
+// useLease fits the request timeout to the semaphore's stored lease: a
+// timeout set by WithRequestTimeout must be shorter than
+// maxRequestTimeout(lease); an unset one becomes defaultRequestTimeout.
+func (s *Semaphore) useLease(lease time.Duration) error {
+	t := &s.opts.RequestTimeout
+	switch {
+	case !s.opts.timeoutSet:
+		*t = defaultRequestTimeout(*t, lease)
+	case *t >= maxRequestTimeout(lease):
+		return fmt.Errorf("%w: request timeout %v must be shorter than %v (lease %v minus lease/5): a round trip that long outlives a holder's permit",
+			tokensem.ErrInvalidOption, *t, maxRequestTimeout(lease), lease)
+	}
+	s.slots.timeout = *t
+	return nil
 }
 
 func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
@@ -156,7 +172,6 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		codec:    tokensem.NewCodec(o.Key),
 		log:      o.Logger.With("semaphore", name),
 		pullSubj: "$JS.API.CONSUMER.MSG.NEXT." + StreamName(name) + "." + consumerName,
-		cache:    make(map[int]cachedRecord),
 		returned: newHandbacks(nc),
 		waitPull: mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
 		done:     make(chan struct{}),
@@ -218,8 +233,13 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	if err != nil {
 		return wrapBrokerErr(err)
 	}
-	s.kv = kv
+	s.setBucket(kv)
 	return nil
+}
+
+func (s *Semaphore) setBucket(kv jetstream.KeyValue) {
+	s.kv = kv
+	s.slots = newSlotStore(kv, s.opts.RequestTimeout, s.log)
 }
 
 // bind finds the resources of an existing semaphore.
@@ -240,7 +260,8 @@ func (s *Semaphore) bind(ctx context.Context) error {
 	if err != nil {
 		return wrapBrokerErr(err)
 	}
-	s.kv, s.stream = kv, stream
+	s.stream = stream
+	s.setBucket(kv)
 	return nil
 }
 
@@ -281,7 +302,7 @@ const seedStallTimeout = 30 * time.Second
 // createConfig makes sure the configuration exists and the tokens are
 // published exactly once, whoever else runs Init at the same time.
 func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, error) {
-	me := tokensem.NewToken(s.name, 0, 1).ID
+	me := ids.New()
 	want := config{
 		Version: configVersion, Permits: permits, Lease: s.opts.Lease, Epoch: 1,
 		KeyCheck: s.codec.KeyCheck(), State: stateSeeding, Seeder: me,
@@ -289,7 +310,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 	}
 	for {
 		rctx, cancel := s.rtt(ctx)
-		rev, err := s.kv.Create(rctx, configKey, mustJSON(want))
+		rev, err := s.kv.Create(rctx, configKey, want.encode())
 		cancel()
 		if err == nil {
 			return s.seed(ctx, want, rev)
@@ -314,7 +335,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		if time.Since(time.UnixMilli(cfg.Created)) > seedStallTimeout {
 			cfg.Seeder, cfg.Created = me, time.Now().UnixMilli()
 			rctx, cancel := s.rtt(ctx)
-			rev, err = s.kv.Update(rctx, configKey, mustJSON(cfg), rev)
+			rev, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
 			cancel()
 			if err == nil {
 				s.log.Warn("took over a stalled token seeding")
@@ -361,7 +382,10 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 	cfg.State = stateReady
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	if _, err := s.kv.Update(rctx, configKey, mustJSON(cfg), rev); err != nil {
+	if _, err := s.kv.Update(rctx, configKey, cfg.encode(), rev); err != nil {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return config{}, fmt.Errorf("natssem: another Init took over creating %s (this one stalled past %v)", s.name, seedStallTimeout)
+		}
 		return config{}, wrapBrokerErr(err)
 	}
 	s.awaitTokens(ctx, cfg.Permits)
@@ -447,9 +471,9 @@ func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report,
 		old := cfg.Permits
 		cfg.Permits = permits
 		rctx, cancel := s.rtt(ctx)
-		_, err = s.kv.Update(rctx, configKey, mustJSON(cfg), rev)
+		_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
 		cancel()
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue // changed meanwhile: read again
 		}
 		if err != nil {
@@ -485,5 +509,3 @@ func (s *Semaphore) isClosed() bool {
 	defer s.mu.Unlock()
 	return s.closed
 }
-
-func mustJSON(c config) []byte { return mustMarshal(c) }

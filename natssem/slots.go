@@ -1,0 +1,193 @@
+package natssem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// slotPrefix starts the KV key of every slot record.
+const slotPrefix = "slot."
+
+func slotKey(index int) string { return slotPrefix + strconv.Itoa(index) }
+
+// record is a slot's lease record, stored under slotKey(index). It, not the
+// token delivery, decides who holds the slot: a delivery becomes a permit
+// only by a compare-and-set of this record, and its KV revision is the
+// fencing number. Holder is empty when the slot is free.
+type record struct {
+	Holder string `json:"h,omitempty"` // unique id of the holding acquire
+	Owner  string `json:"o,omitempty"` // holder's name, for Status
+	Seq    uint64 `json:"seq"`         // stream sequence of the held (or last held) token
+	Token  string `json:"tok,omitempty"`
+	By     string `json:"by,omitempty"` // on a free record: the holder that released it
+}
+
+func (r record) free() bool { return r.Holder == "" }
+
+func (r record) encode() []byte {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic(err) // a struct of strings and ints always marshals
+	}
+	return b
+}
+
+func decodeRecord(b []byte) (record, error) {
+	var r record
+	if len(b) == 0 {
+		return r, nil
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return record{}, fmt.Errorf("natssem: corrupt slot record: %w", err)
+	}
+	return r, nil
+}
+
+// slotEntry is one slot record as read from the bucket, or as this client
+// wrote it.
+type slotEntry struct {
+	rec     record
+	rev     uint64    // KV revision; 0: never written
+	written time.Time // server time of the write; zero for our own writes
+	// delivered is the token's delivery count when this client wrote the
+	// record (0 for reads): see slotStore.cached.
+	delivered uint64
+}
+
+// live reports whether the entry names a holder that may still hold the
+// slot at server time now. A holder gives up at its deadline, before its
+// last write is a lease old by the server's clock (see deadline), so a
+// held record written a whole lease ago belongs to nobody. Claim and
+// census apply this one rule.
+func (e slotEntry) live(now time.Time, lease time.Duration) bool {
+	return !e.rec.free() && now.Sub(e.written) < lease
+}
+
+// errConflict is what a compare-and-set of a slot record returns when the
+// record changed since the revision it was given: someone else wrote
+// first. Single-node and replicated buckets report that with different
+// error codes; slotStore.cas turns both into this one error.
+var errConflict = errors.New("natssem: slot record changed meanwhile")
+
+// slotStore reads and writes the slot records of one semaphore, and
+// remembers the latest record this client saw of each slot.
+type slotStore struct {
+	kv      jetstream.KeyValue
+	timeout time.Duration // bounds each round trip
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	cache map[int]slotEntry
+}
+
+func newSlotStore(kv jetstream.KeyValue, timeout time.Duration, log *slog.Logger) *slotStore {
+	return &slotStore{kv: kv, timeout: timeout, log: log, cache: make(map[int]slotEntry)}
+}
+
+// read reads a slot's record. A slot never written reads as free at
+// revision 0.
+func (st *slotStore) read(ctx context.Context, index int) (slotEntry, error) {
+	rctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	e, err := st.kv.Get(rctx, slotKey(index))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return slotEntry{}, nil
+	case err != nil:
+		return slotEntry{}, wrapBrokerErr(err)
+	}
+	rec, err := decodeRecord(e.Value())
+	if err != nil {
+		// A corrupt record is treated as held by nobody we know; only a
+		// compare-and-set against its revision can replace it.
+		st.log.Warn("corrupt slot record", "index", index, "err", err)
+		rec = record{}
+	}
+	got := slotEntry{rec: rec, rev: e.Revision(), written: e.Created()}
+	st.remember(index, got)
+	return got, nil
+}
+
+// cas writes rec to the slot's record if its revision is still rev (0: the
+// record must not exist), and returns the new revision: the fence of a
+// claim. It returns errConflict when someone else wrote first, and a broker
+// error when the outcome is unknown (the write may have landed). delivered
+// is the token's delivery count at this write (0 when no delivery is
+// involved). ctx bounds the write together with the store's timeout;
+// callers that must learn the outcome even after their caller gave up pass
+// a context.WithoutCancel.
+func (st *slotStore) cas(ctx context.Context, index int, rec record, rev, delivered uint64) (uint64, error) {
+	rctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	newRev, err := st.kv.Update(rctx, slotKey(index), rec.encode(), rev)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+		return 0, errConflict
+	case err != nil:
+		return 0, wrapBrokerErr(err)
+	}
+	st.remember(index, slotEntry{rec: rec, rev: newRev, delivered: delivered})
+	return newRev, nil
+}
+
+// cached returns the record this client last wrote for a slot, when it can
+// be trusted without a read: it freed the slot releasing this very message
+// (seq), and this delivery is the next one of that message, so nobody else
+// had the token in between and the record cannot have changed. Anything else
+// (another client held it since, a duplicate) needs a fresh read.
+func (st *slotStore) cached(index int, seq, delivered uint64) (slotEntry, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	c, ok := st.cache[index]
+	return c, ok && c.rec.free() && c.rec.Seq == seq && c.delivered != 0 && c.delivered+1 == delivered
+}
+
+// remember keeps e as the latest record of a slot unless a newer revision
+// is known.
+func (st *slotStore) remember(index int, e slotEntry) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c, ok := st.cache[index]; !ok || c.rev < e.rev {
+		st.cache[index] = e
+	}
+}
+
+// readAll reads every slot record (for a census).
+func (st *slotStore) readAll(ctx context.Context) (map[int]slotEntry, error) {
+	rctx, cancel := context.WithTimeout(ctx, st.timeout)
+	defer cancel()
+	w, err := st.kv.Watch(rctx, slotPrefix+">", jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, wrapBrokerErr(err)
+	}
+	defer func() { _ = w.Stop() }()
+	out := make(map[int]slotEntry)
+	for {
+		select {
+		case <-rctx.Done():
+			return nil, wrapBrokerErr(fmt.Errorf("reading slot records: %w", rctx.Err()))
+		case e := <-w.Updates():
+			if e == nil {
+				return out, nil // initial values done
+			}
+			idx, err := strconv.Atoi(strings.TrimPrefix(e.Key(), slotPrefix))
+			if err != nil {
+				continue
+			}
+			rec, err := decodeRecord(e.Value())
+			if err != nil {
+				continue
+			}
+			out[idx] = slotEntry{rec: rec, rev: e.Revision(), written: e.Created()}
+		}
+	}
+}
