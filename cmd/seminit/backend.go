@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -343,7 +344,7 @@ func classify(err error) error {
 		return nil
 	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout), errors.Is(err, amqp.ErrClosed),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrConnectionClosed),
-		strings.Contains(err.Error(), "jetstream not enabled"):
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
 		return unavailableErr{err}
 	default:
 		return err

@@ -84,7 +84,10 @@ type globals struct {
 	url     string
 	json    bool
 	timeout time.Duration
-	keyFile string
+	// timeoutSet says --timeout was given: only then is it imposed on the
+	// semaphore's round trips (natssem bounds an unset one by the lease).
+	timeoutSet bool
+	keyFile    string
 
 	// Credentials; empty means not given. See password and token for the
 	// environment fallbacks.
@@ -103,7 +106,18 @@ func (g *globals) register(fs *flag.FlagSet) {
 	}
 	fs.StringVar(&g.url, "url", def, "broker URL")
 	fs.BoolVar(&g.json, "json", false, "JSON output")
-	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on each broker round trip")
+	g.timeout = defaultTimeout
+	fs.Func("timeout", "bound on each broker round trip (default 10s)", func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return err
+		}
+		if d <= 0 {
+			return fmt.Errorf("--timeout %s must be positive", v)
+		}
+		g.timeout, g.timeoutSet = d, true
+		return nil
+	})
 	fs.StringVar(&g.keyFile, "key-file", "", "token signing key file")
 	fs.StringVar(&g.user, "user", "", "user name")
 	fs.StringVar(&g.passwordFlag, "password", "", "password (else $TOKENSEM_PASSWORD)")
@@ -185,6 +199,18 @@ func loadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		return nil, usageErr{errors.New("--tls-key needs --tls-cert")}
 	}
 	return cfg, nil
+}
+
+// defaultTimeout is --timeout's default.
+const defaultTimeout = 10 * time.Second
+
+// requestTimeout is the bound on a semaphore's round trips that --timeout
+// asks for; 0 (the backend's default) when it was not given.
+func (g *globals) requestTimeout() time.Duration {
+	if g.timeoutSet {
+		return g.timeout
+	}
+	return 0
 }
 
 // opTimeout bounds a whole non-waiting operation (init, status, open): a
@@ -331,6 +357,8 @@ func exitCode(err error) int {
 	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrPermitMismatch),
 		errors.Is(err, tokensem.ErrKeyMismatch):
 		return exitConfig
+	case errors.Is(err, tokensem.ErrUnavailable):
+		return exitUnavailable
 	case errors.Is(err, tokensem.ErrNoPermit), errors.Is(err, context.DeadlineExceeded):
 		return exitNoPermit
 	default:
@@ -347,11 +375,6 @@ func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
 			return errHelp
 		}
 		return usageErr{err}
-	}
-	if f := fs.Lookup("timeout"); f != nil {
-		if d, _ := time.ParseDuration(f.Value.String()); d <= 0 {
-			return usageErr{fmt.Errorf("--timeout %s must be positive", f.Value)}
-		}
 	}
 	if !allowArgs && fs.NArg() > 0 {
 		return usageErr{fmt.Errorf("unexpected argument %q", fs.Arg(0))}

@@ -39,7 +39,7 @@ func runInit(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer b.close()
-	s, err := b.init(ctx, *name, *permits, semOptions{lease: *lease, replicas: *replicas, key: key, timeout: g.timeout})
+	s, err := b.init(ctx, *name, *permits, semOptions{lease: *lease, replicas: *replicas, key: key, timeout: g.requestTimeout()})
 	if err != nil {
 		return err
 	}
