@@ -2,6 +2,7 @@ package natssem
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -315,7 +316,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 					return nil, nil
 				}
 				s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", cur.rec.Seq)
-				s.deleteMsg(ctx, seq)
+				s.deleteDuplicate(ctx, seq)
 				return nil, nil
 			}
 			s.log.Info("taking over the slot of a silent holder", "index", tok.Index, "holder", cur.rec.Owner, "silent", now.Sub(cur.written))
@@ -330,7 +331,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 		switch {
 		case err == nil:
 			if !cur.rec.free() && cur.rec.Seq != seq {
-				s.deleteMsg(ctx, cur.rec.Seq) // the silent holder's copy is now a duplicate
+				s.deleteDuplicate(ctx, cur.rec.Seq) // the silent holder's copy is now a duplicate
 			}
 			return s.won(ctx, m, d, rev, lease)
 		case errors.Is(err, errConflict):
@@ -434,12 +435,41 @@ func (s *Semaphore) discard(m *nats.Msg, seq uint64, why error) {
 	}
 }
 
-func (s *Semaphore) deleteMsg(ctx context.Context, seq uint64) {
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	if err := s.stream.DeleteMsg(rctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+func (s *Semaphore) deleteDuplicate(ctx context.Context, seq uint64) {
+	if err := s.deleteMsg(ctx, seq); err != nil {
 		s.log.Warn("could not delete a duplicate token", "seq", seq, "err", err)
 	}
+}
+
+// deleteMsg deletes the token message at stream sequence seq; a message
+// that is already gone (deleted by another client) is no error. The request
+// is made here rather than with jetstream's Stream.DeleteMsg, which keeps
+// only the text of the server's error and so hides its code.
+func (s *Semaphore) deleteMsg(ctx context.Context, seq uint64) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	req := mustMarshal(struct {
+		Seq     uint64 `json:"seq"`
+		NoErase bool   `json:"no_erase"`
+	}{seq, true})
+	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.DELETE."+StreamName(s.name), req)
+	if err != nil {
+		return wrapBrokerErr(err)
+	}
+	var resp struct {
+		Success bool                `json:"success"`
+		Error   *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return wrapBrokerErr(fmt.Errorf("deleting token message %d: %w", seq, err))
+	}
+	switch {
+	case resp.Success, isAPIError(resp.Error, jsNoMessageFound, jsSequenceNotFound):
+		return nil
+	case resp.Error != nil:
+		return wrapBrokerErr(fmt.Errorf("deleting token message %d: %w", seq, resp.Error))
+	}
+	return wrapBrokerErr(fmt.Errorf("deleting token message %d: not deleted", seq))
 }
 
 // serverNow returns the server's current time (from consumer info), the

@@ -3,6 +3,7 @@ package natssem_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,9 +18,13 @@ import (
 // conns maps each semaphore a test opened to its connection, for Crash.
 var conns sync.Map
 
+// connect connects to the server at addr (a node or a fault proxy in front
+// of one). It does not follow the servers a cluster announces: a client
+// behind a proxy must reconnect through the proxy.
 func connect(t testing.TB, addr string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		nats.IgnoreDiscoveredServers())
 	if err != nil {
 		t.Fatalf("connect %s: %v", addr, err)
 	}
@@ -27,8 +32,8 @@ func connect(t testing.TB, addr string) *nats.Conn {
 	return nc
 }
 
-func natsOptions(o semtest.Options) []natssem.Option {
-	var opts []natssem.Option
+func natsOptions(o semtest.Options, extra []natssem.Option) []natssem.Option {
+	opts := append([]natssem.Option(nil), extra...)
 	if o.Lease != 0 {
 		opts = append(opts, natssem.WithLease(o.Lease))
 	}
@@ -38,13 +43,24 @@ func natsOptions(o semtest.Options) []natssem.Option {
 	return opts
 }
 
-func natsBackend() semtest.Backend {
+// natsBackend adapts the servers at addrs (one node, or the nodes of a
+// cluster) to the conformance suite. Clients asked for addrs[0] are spread
+// over the nodes in turn; other addresses (fault proxies) are used as
+// given. extra options go to every Init.
+func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.Backend {
+	var next atomic.Int64
+	spread := func(addr string) string {
+		if addr != addrs[0] {
+			return addr
+		}
+		return addrs[int(next.Add(1))%len(addrs)]
+	}
 	return semtest.Backend{
-		Name: "nats",
-		Addr: srv.Addr().String(),
+		Name: name,
+		Addr: addrs[0],
 		Init: func(t testing.TB, addr, name string, permits int, o semtest.Options) (tokensem.Semaphore, error) {
-			nc := connect(t, addr)
-			s, err := natssem.Init(t.Context(), nc, name, permits, natsOptions(o)...)
+			nc := connect(t, spread(addr))
+			s, err := natssem.Init(t.Context(), nc, name, permits, natsOptions(o, extra)...)
 			if err != nil {
 				return nil, err
 			}
@@ -52,8 +68,8 @@ func natsBackend() semtest.Backend {
 			return s, nil
 		},
 		Open: func(t testing.TB, addr, name string, o semtest.Options) (tokensem.Semaphore, error) {
-			nc := connect(t, addr)
-			s, err := natssem.Open(t.Context(), nc, name, natsOptions(o)...)
+			nc := connect(t, spread(addr))
+			s, err := natssem.Open(t.Context(), nc, name, natsOptions(o, nil)...)
 			if err != nil {
 				return nil, err
 			}
@@ -62,7 +78,7 @@ func natsBackend() semtest.Backend {
 		},
 		InjectRaw: func(t testing.TB, name string, data []byte) {
 			t.Helper()
-			nc := connect(t, srv.Addr().String())
+			nc := connect(t, spread(addrs[0]))
 			js, err := jetstream.New(nc)
 			if err != nil {
 				t.Fatal(err)
@@ -84,5 +100,18 @@ func natsBackend() semtest.Backend {
 }
 
 func TestConformance(t *testing.T) {
-	semtest.Run(t, natsBackend())
+	semtest.Run(t, natsBackend("nats", []string{srv.Addr().String()}))
+}
+
+// TestConformanceCluster runs the suite on a 3-node cluster with the
+// stream and bucket replicated 3 ways, clients spread over the nodes: a
+// replicated bucket answers a lost compare-and-set with another error code
+// than a single node, and the suite must not see a broker error.
+func TestConformanceCluster(t *testing.T) {
+	c := cluster(t)
+	addrs := make([]string, c.Size())
+	for i := range addrs {
+		addrs[i] = c.Addr(i)
+	}
+	semtest.Run(t, natsBackend("nats", addrs, natssem.WithReplicas(3)))
 }

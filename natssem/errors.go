@@ -3,6 +3,8 @@ package natssem
 import (
 	"errors"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tokensem/tokensem"
 )
 
@@ -13,6 +15,33 @@ var errTakenOver = errors.New("natssem: slot taken over by another holder")
 // errLeaseExpired is the cause of a loss when renewals failed until the
 // local deadline, after which another client could take the slot over.
 var errLeaseExpired = errors.New("natssem: lease expired before a renewal succeeded")
+
+// JetStream API error codes matched by natssem (nats-server's
+// jetstream_errors_generated.go) that nats.go has no sentinel for.
+const (
+	// jsNoMessageFound (10037) and jsSequenceNotFound (10043) answer a
+	// delete of a message that is already gone.
+	jsNoMessageFound   jetstream.ErrorCode = 10037
+	jsSequenceNotFound jetstream.ErrorCode = 10043
+	// jsDuplicateInProcess (10158): a replicated stream is still storing
+	// another publish with the same message ID.
+	jsDuplicateInProcess jetstream.ErrorCode = 10158
+)
+
+// isAPIError reports whether err carries a JetStream API error with one of
+// the given codes.
+func isAPIError(err error, codes ...jetstream.ErrorCode) bool {
+	var ae *jetstream.APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	for _, c := range codes {
+		if ae.ErrorCode == c {
+			return true
+		}
+	}
+	return false
+}
 
 // brokerError is a request the broker failed or did not answer. It matches
 // tokensem.ErrUnavailable and the broker's error.

@@ -92,12 +92,7 @@ func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
 	if err != nil {
 		return fmt.Errorf("natssem: bad message reference %q", e.Ref)
 	}
-	rctx, cancel := inv.s.rtt(ctx)
-	defer cancel()
-	if err := inv.s.stream.DeleteMsg(rctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return wrapBrokerErr(err)
-	}
-	return nil
+	return inv.s.deleteMsg(ctx, seq)
 }
 
 // Issue publishes a new token for index, at most once per state of the
@@ -127,10 +122,12 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	rctx, cancel := s.rtt(ctx)
 	ack, err := s.js.Publish(rctx, Subject(s.name), b, jetstream.WithMsgID(id))
 	cancel()
-	if err != nil {
+	switch {
+	case isAPIError(err, jsDuplicateInProcess):
+		return reconciler.ErrConflict // another reconciler is issuing it
+	case err != nil:
 		return wrapBrokerErr(err)
-	}
-	if ack.Duplicate {
+	case ack.Duplicate:
 		return reconciler.ErrConflict
 	}
 	if _, err := s.slots.cas(ctx, index, record{By: "reconciler", Token: tok.ID}, sl.rev, 0); err != nil {

@@ -1,17 +1,48 @@
 package natssem_test
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/tokensem/tokensem/internal/natstest"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
-// srv is the embedded NATS server every test in this package talks to.
+// srv is the embedded NATS server most tests in this package talk to.
 var srv *embedded.Server
+
+// The 3-node cluster of the tests that need one, started by the first of
+// them (see cluster) and shut down by TestMain.
+var (
+	clusterOnce sync.Once
+	clusterSrv  *natstest.Cluster
+	clusterErr  error
+	clusterDir  string
+)
+
+// cluster returns the package's 3-node JetStream cluster, starting it on
+// first use. Tests that stop a node must bring it back before they end.
+func cluster(t testing.TB) *natstest.Cluster {
+	t.Helper()
+	clusterOnce.Do(func() {
+		if clusterDir, clusterErr = os.MkdirTemp("", "natssem-cluster-*"); clusterErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		clusterSrv, clusterErr = natstest.StartCluster(ctx, 3, clusterDir)
+	})
+	if clusterErr != nil {
+		t.Fatalf("3-node cluster: %v", clusterErr)
+	}
+	return clusterSrv
+}
 
 func TestMain(m *testing.M) {
 	var err error
@@ -22,6 +53,12 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	srv.Shutdown()
+	if clusterSrv != nil {
+		clusterSrv.Shutdown()
+	}
+	if clusterDir != "" {
+		_ = os.RemoveAll(clusterDir)
+	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
