@@ -79,10 +79,10 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 
 	// A queued pull hears a heartbeat every heartbeat interval. The first
 	// one is awaited briefly: the server drops a pull silently when the
-	// waiter queue is full. Later silences (a restarted server, a lost
-	// request) get more slack.
+	// waiter queue is full. A later silence of two heartbeats means the
+	// pull was lost; a reconnection says so at once.
 	hb := s.opts.heartbeat
-	firstBeat, idle := hb+hb/2, 3*hb
+	firstBeat, idle := hb+hb/2, 2*hb
 	timer := time.NewTimer(firstBeat)
 	defer timer.Stop()
 	var unanswered time.Time // since when pulls find no consumer (503)
@@ -111,6 +111,9 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					return nil, err
 				}
 				s.log.Debug("waiting pull went silent; re-issuing it")
+				break wait
+			case <-w.reconnected:
+				s.log.Debug("reconnected; re-issuing the waiting pull")
 				break wait
 			case m := <-w.ch:
 				timer.Reset(idle)

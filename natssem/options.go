@@ -22,8 +22,9 @@ const (
 	// caller, goes to the back of the queue.
 	DefaultPullExpiry = 5 * time.Minute
 	// DefaultHeartbeat is the idle heartbeat the server sends a waiting
-	// caller; three missed heartbeats make the caller re-issue its pull
-	// (covering a broker restart or a lost request).
+	// caller; two missed heartbeats make the caller re-issue its pull
+	// (covering a lost request). A reconnection (a restarted server, a
+	// failover to another node) re-issues it at once.
 	DefaultHeartbeat = 5 * time.Second
 )
 
@@ -149,4 +150,14 @@ func WithHeartbeat(d time.Duration) Option {
 		o.heartbeat = d
 		return nil
 	}
+}
+
+// checkRequestTimeout refuses a request timeout set by WithRequestTimeout
+// that is not shorter than maxRequestTimeout(lease).
+func (o *options) checkRequestTimeout(lease time.Duration) error {
+	if o.timeoutSet && o.RequestTimeout >= maxRequestTimeout(lease) {
+		return fmt.Errorf("%w: request timeout %v must be shorter than %v (lease %v minus lease/5): a round trip that long outlives a holder's permit",
+			tokensem.ErrInvalidOption, o.RequestTimeout, maxRequestTimeout(lease), lease)
+	}
+	return nil
 }

@@ -80,6 +80,9 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 	if err != nil {
 		return nil, err
 	}
+	if err := o.checkRequestTimeout(o.Lease); err != nil {
+		return nil, err
+	}
 	s, err := newSemaphore(nc, name, o)
 	if err != nil {
 		return nil, err
@@ -144,15 +147,13 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 // timeout set by WithRequestTimeout must be shorter than
 // maxRequestTimeout(lease); an unset one becomes defaultRequestTimeout.
 func (s *Semaphore) useLease(lease time.Duration) error {
-	t := &s.opts.RequestTimeout
-	switch {
-	case !s.opts.timeoutSet:
-		*t = defaultRequestTimeout(*t, lease)
-	case *t >= maxRequestTimeout(lease):
-		return fmt.Errorf("%w: request timeout %v must be shorter than %v (lease %v minus lease/5): a round trip that long outlives a holder's permit",
-			tokensem.ErrInvalidOption, *t, maxRequestTimeout(lease), lease)
+	if err := s.opts.checkRequestTimeout(lease); err != nil {
+		return err
 	}
-	s.slots.timeout = *t
+	if !s.opts.timeoutSet {
+		s.opts.RequestTimeout = defaultRequestTimeout(s.opts.RequestTimeout, lease)
+	}
+	s.slots.timeout = s.opts.RequestTimeout
 	return nil
 }
 
@@ -497,7 +498,7 @@ func (s *Semaphore) Close() error {
 		close(s.done)
 		s.returned.close()
 		for _, w := range s.idle {
-			_ = w.sub.Unsubscribe()
+			w.close()
 		}
 		s.idle = nil
 	}

@@ -20,6 +20,9 @@ type waiter struct {
 	inbox string
 	sub   *nats.Subscription
 	ch    chan *nats.Msg
+	// reconnected hears the connection come back after a loss: the server
+	// (restarted, or another node) knows nothing of the pull pending then.
+	reconnected chan nats.Status
 
 	// pulls counts pull requests that may still be pending at the server:
 	// each pull adds one; a delivery, 404, 408 or 409 ends one. A waiter
@@ -61,6 +64,9 @@ func (s *Semaphore) getWaiter() (*waiter, error) {
 		w.mu.Lock()
 		w.abandoned = false
 		w.mu.Unlock()
+		for len(w.reconnected) > 0 { // reconnections while it was idle
+			<-w.reconnected
+		}
 		return w, nil
 	}
 	s.mu.Unlock()
@@ -70,7 +76,14 @@ func (s *Semaphore) getWaiter() (*waiter, error) {
 		return nil, wrapBrokerErr(err)
 	}
 	w.sub = sub
+	w.reconnected = s.nc.StatusChanged(nats.CONNECTED)
 	return w, nil
+}
+
+// close unsubscribes the waiter's inbox at once.
+func (w *waiter) close() {
+	_ = w.sub.Unsubscribe()
+	w.s.nc.RemoveStatusListener(w.reconnected)
 }
 
 // deliver runs on the connection's dispatcher for every inbox message.
@@ -138,6 +151,7 @@ func (w *waiter) finish() {
 		}
 		s.mu.Unlock()
 	}
+	w.s.nc.RemoveStatusListener(w.reconnected)
 	if err := w.sub.Drain(); err != nil {
 		_ = w.sub.Unsubscribe()
 	}

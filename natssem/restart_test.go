@@ -1,0 +1,85 @@
+package natssem_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/natssem/embedded"
+)
+
+// TestWaiterAcrossRestart restarts the server on its store while a caller
+// waits. The pull it had queued died with the server; it must pull again as
+// soon as its connection is back, not after missing heartbeats, and get the
+// permit released after the restart.
+func TestWaiterAcrossRestart(t *testing.T) {
+	const heartbeat = 5 * time.Second
+	store := t.TempDir()
+	s1, err := embedded.Start(embedded.Config{StoreDir: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := s1.Addr().String()
+	restarted := false
+	defer func() {
+		if !restarted {
+			s1.Shutdown()
+		}
+	}()
+	conn := func() *nats.Conn {
+		nc, err := nats.Connect(s1.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	ctx := semtest.Context(t, time.Minute)
+	holder, err := natssem.Init(ctx, conn(), "restart", 1, natssem.WithLease(4*time.Second), natssem.WithHeartbeat(heartbeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	waiter, err := natssem.Open(ctx, conn(), "restart", natssem.WithHeartbeat(heartbeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	p, err := holder.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		q, err := waiter.Acquire(ctx)
+		if err == nil {
+			err = q.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the waiter's pull is queued
+
+	s1.Shutdown()
+	restarted = true
+	s2, err := embedded.Start(embedded.Config{Listen: addr, StoreDir: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Shutdown()
+	if err := p.Release(ctx); err != nil {
+		t.Fatalf("release after the restart: %v", err)
+	}
+	released := time.Now()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("waiter served %v after the release", time.Since(released).Round(time.Millisecond))
+	case <-time.After(heartbeat):
+		t.Fatalf("waiter not served within a heartbeat (%v) of a release after the restart: its lost pull went unnoticed", heartbeat)
+	}
+}
