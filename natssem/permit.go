@@ -168,6 +168,31 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 	return fmt.Errorf("natssem: slot record of %s keeps changing", p.d.tok)
 }
 
+// free writes the free record for Release, retrying a broker that does not
+// answer until ctx ends or the deadline passes. The error is the cause of
+// the loss when it fails.
+func (p *Permit) free(ctx context.Context) error {
+	rec := record{Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
+	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), p.Deadline())
+	defer cancel()
+	pause := backoff{min: 20 * time.Millisecond, max: max(20*time.Millisecond, retryEvery(p.lease))}
+	for {
+		err := p.write(wctx, rec)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errTakenOver):
+			return err
+		case !transient(err) || ctx.Err() != nil || wctx.Err() != nil:
+			return fmt.Errorf("release not confirmed, token returns after the lease: %w", err)
+		}
+		p.s.log.Warn("release not answered; retrying", "index", p.d.tok.Index, "err", err)
+		if pause.wait(wctx, ctx.Done()) != nil {
+			return fmt.Errorf("release not confirmed, token returns after the lease: %w", err)
+		}
+	}
+}
+
 func (p *Permit) setRev(rev uint64) {
 	p.mu.Lock()
 	p.rev = rev
@@ -182,9 +207,11 @@ func (p *Permit) lose(cause error) {
 
 // Release frees the slot record by compare-and-set and only then hands the
 // token to the next waiter (Nak). A permit that was lost is not touched: its
-// token may already belong to someone else. Release finishes its broker
-// write even when ctx is already cancelled (bounded by the request
-// timeout), so `defer p.Release(ctx)` works after ctx ends.
+// token may already belong to someone else. A broker that does not answer
+// (an election) is retried until ctx ends or the permit's deadline passes,
+// whichever comes first; one attempt is made even when ctx is already done
+// (bounded by the request timeout), so `defer p.Release(ctx)` works after
+// ctx ends.
 //
 // Errors: tokensem.ErrReleased (second call), an error wrapping
 // tokensem.ErrLeaseLost, or a broker error (the permit is then given up and
@@ -203,15 +230,8 @@ func (p *Permit) Release(ctx context.Context) error {
 		return p.Err()
 	}
 
-	free := record{Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
-	wctx, cancel := p.s.rtt(context.WithoutCancel(ctx))
-	defer cancel()
-	if err := p.write(wctx, free); err != nil {
-		if errors.Is(err, errTakenOver) {
-			p.lose(err)
-			return p.Err()
-		}
-		p.lose(fmt.Errorf("release not confirmed, token returns after the lease: %w", err))
+	if err := p.free(ctx); err != nil {
+		p.lose(err)
 		return p.Err()
 	}
 	// The record is free and was ours until now: only now may the token go.
