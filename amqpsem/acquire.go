@@ -202,26 +202,6 @@ func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Deliver
 	return s.newPermit(pc, d, tok), nil
 }
 
-// claimTag is the consumer tag of a slot claim on its holder's channel.
-const claimTag = "tokensem-claim"
-
-// claimSlot starts the exclusive consumer that claims a slot, declaring the
-// slot's claim queue the first time this process meets it.
-func (s *Semaphore) claimSlot(pc *pooledChannel, index int) error {
-	q := claimQueue(s.name, index)
-	if !s.knownClaim(index) {
-		if _, err := pc.ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
-			return err
-		}
-		s.markClaim(index)
-	}
-	_, err := pc.ch.Consume(q, claimTag, false, true, false, false, nil)
-	if isCode(err, amqp.NotFound) { // deleted behind our back (a broker restart)
-		s.forgetClaim(index)
-	}
-	return err
-}
-
 // admit parses and checks a delivered token.
 func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, error) {
 	tok, err := s.codec.Decode(body)
@@ -236,22 +216,6 @@ func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, err
 		return tokensem.Token{}, fmt.Errorf("%w: %s is not a current token of %s", tokensem.ErrInvalidToken, tok, s.name)
 	}
 	return tok, nil
-}
-
-func (s *Semaphore) reserve(index int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held[index] {
-		return false
-	}
-	s.held[index] = true
-	return true
-}
-
-func (s *Semaphore) unreserve(index int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.held, index)
 }
 
 // fence is the token's fence base (zero for tokens made by Init, a later

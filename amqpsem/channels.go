@@ -72,24 +72,6 @@ func (s *Semaphore) putChannel(pc *pooledChannel) {
 	_ = pc.ch.Close()
 }
 
-func (s *Semaphore) knownClaim(index int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.claims[index]
-}
-
-func (s *Semaphore) markClaim(index int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.claims[index] = true
-}
-
-func (s *Semaphore) forgetClaim(index int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.claims, index)
-}
-
 func isDone(ch <-chan struct{}) bool {
 	select {
 	case <-ch:

@@ -3,7 +3,6 @@ package amqpsem
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -122,19 +121,4 @@ func (s *Semaphore) readConfigOnce(ctx context.Context) (cfg config, found bool,
 		return config{}, false, fmt.Errorf("amqpsem: corrupt configuration of %s: %q", s.name, d.Body)
 	}
 	return cfg, true, nil
-}
-
-// errAborted marks an AMQP call cut short because its context ended.
-var errAborted = errors.New("amqpsem: call aborted")
-
-// rpc runs fn, whose amqp091 calls on ch take no context, and closes ch if
-// ctx ends first, which makes those calls return. It returns ctx's error in
-// that case.
-func rpc(ctx context.Context, ch *amqp.Channel, fn func() error) error {
-	stop := context.AfterFunc(ctx, func() { _ = ch.Close() })
-	err := fn()
-	if !stop() {
-		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
-	}
-	return err
 }

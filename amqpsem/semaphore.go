@@ -343,9 +343,3 @@ func (s *Semaphore) isClosed() bool {
 	defer s.mu.Unlock()
 	return s.closed
 }
-
-// isCode reports whether err is an AMQP error with the given reply code.
-func isCode(err error, code int) bool {
-	var ae *amqp.Error
-	return errors.As(err, &ae) && ae.Code == code
-}

@@ -1,0 +1,316 @@
+package amqpsem
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+)
+
+// Conn is one shared connection to RabbitMQ for all the semaphores of a
+// process. It reconnects with backoff when the connection drops; permits
+// held on a dropped connection are reported lost at once (the broker
+// requeues their tokens), while callers waiting in Acquire subscribe again
+// on the new connection.
+//
+// A watchdog confirms the connection with a round trip every heartbeat/2.
+// When no round trip has succeeded for 1.5 heartbeats since it was sent, it
+// closes the socket: RabbitMQ waits at least two heartbeats of silence
+// before it requeues a client's tokens (measured: 3s for a 1s heartbeat on
+// 3.10.8), so the holders learn of the loss first even when only one
+// direction of the link fails.
+type Conn struct {
+	url       string      // as given to Dial
+	dialURL   string      // what amqp091 dials: url, or its amqp:// form for amqps:// (Conn does the TLS)
+	tls       *tls.Config // amqps://: the client's configuration; nil for amqp://
+	heartbeat time.Duration
+	log       *slog.Logger
+
+	mu      sync.Mutex
+	locks   map[string]*sync.Mutex // per semaphore: the lock queue excludes other connections only
+	cur     *session
+	closed  bool
+	changed chan struct{} // closed and replaced whenever cur changes
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// session is one live AMQP connection.
+type session struct {
+	conn    *amqp.Connection
+	sock    net.Conn               // the TCP connection
+	tls     *tlsConn               // over sock for amqps://, else nil
+	lost    chan struct{}          // closed when this connection is gone
+	version string                 // server version, e.g. "3.10.8"
+	blocked atomic.Pointer[string] // the broker's reason while it blocks publishing
+}
+
+// waitConfirms waits for publisher confirms. A wait cut short while the
+// broker blocks publishing says so (ErrBlocked).
+func (c *Conn) waitConfirms(ctx context.Context, pending []*amqp.DeferredConfirmation) error {
+	for _, dc := range pending {
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			if reason := c.blockedReason(); reason != "" {
+				return fmt.Errorf("%w (%s): waiting for a publisher confirm: %w", ErrBlocked, reason, err)
+			}
+			return fmt.Errorf("amqpsem: waiting for a publisher confirm: %w", err)
+		}
+		if !ok {
+			return errors.New("amqpsem: the broker refused (nacked) a publish")
+		}
+	}
+	return nil
+}
+
+// blockedReason returns why the broker blocks publishing on the current
+// connection, or "".
+func (c *Conn) blockedReason() string {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	if s == nil {
+		return ""
+	}
+	if r := s.blocked.Load(); r != nil {
+		return *r
+	}
+	return ""
+}
+
+// supervise watches one connection at a time and replaces it when it dies.
+func (c *Conn) supervise(s *session) {
+	defer c.wg.Done()
+	for {
+		c.watch(s)
+		close(s.lost)
+		_ = s.conn.Close()
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return
+		}
+		c.log.Warn("amqp connection lost; reconnecting")
+		next := c.reconnect()
+		if next == nil {
+			return
+		}
+		c.mu.Lock()
+		c.cur = next
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.mu.Unlock()
+		s = next
+	}
+}
+
+// watch returns when s is closed, by the broker, the network, Close or the
+// watchdog.
+func (c *Conn) watch(s *session) {
+	closed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
+	hb := s.conn.Config.Heartbeat
+	if hb <= 0 {
+		select {
+		case <-closed:
+		case <-c.done:
+		}
+		return
+	}
+	probe, err := s.conn.Channel()
+	if err != nil {
+		return
+	}
+	tick := time.NewTicker(hb / 2)
+	defer tick.Stop()
+	lastOK := time.Now()
+	for {
+		select {
+		case <-closed:
+			return
+		case <-c.done:
+			return
+		case <-tick.C:
+			sent := time.Now()
+			ok := make(chan error, 1)
+			go func() { ok <- probe.ExchangeDeclarePassive("amq.direct", "direct", true, false, false, false, nil) }()
+			deadline := time.NewTimer(time.Until(lastOK.Add(hb + hb/2)))
+			select {
+			case err := <-ok:
+				deadline.Stop()
+				if err != nil {
+					return
+				}
+				lastOK = sent
+			case <-deadline.C:
+				attrs := []any{"heartbeat", hb}
+				if r := s.blocked.Load(); r != nil {
+					// A blocked connection that published is not read by
+					// the broker until the alarm clears.
+					attrs = append(attrs, "blocked", *r)
+				}
+				c.log.Warn("amqp connection silent for 1.5 heartbeats; dropping it", attrs...)
+				_ = s.sock.Close()
+				<-ok
+				return
+			case <-closed:
+				deadline.Stop()
+				return
+			}
+		}
+	}
+}
+
+func (c *Conn) reconnect() *session {
+	backoff := 100 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s, err := c.connect(ctx)
+		cancel()
+		if err == nil {
+			c.log.Info("amqp connection restored")
+			c.mu.Lock()
+			if c.closed {
+				c.mu.Unlock()
+				_ = s.conn.Close()
+				return nil
+			}
+			c.mu.Unlock()
+			return s
+		}
+		c.log.Warn("amqp reconnect failed", "err", err, "retry_in", backoff)
+		select {
+		case <-c.done:
+			return nil
+		case <-time.After(backoff + rand.N(backoff/2)):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// session returns the live connection, waiting (bounded by ctx) while a
+// reconnection is under way.
+func (c *Conn) session(ctx context.Context) (*session, error) {
+	for {
+		c.mu.Lock()
+		s, closed, changed := c.cur, c.closed, c.changed
+		c.mu.Unlock()
+		if closed {
+			return nil, tokensem.ErrClosed
+		}
+		select {
+		case <-s.lost:
+		default:
+			return s, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("amqpsem: waiting for the connection to come back: %w", ctx.Err())
+		case <-c.done:
+			return nil, tokensem.ErrClosed
+		}
+	}
+}
+
+// channel opens a channel on the live connection. A connection that has
+// just died may still look current until its supervisor notices: opening a
+// channel on it waits for the next connection instead of failing.
+func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
+	for {
+		s, err := c.session(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		ch, err := s.conn.Channel()
+		if err == nil {
+			return ch, s, nil
+		}
+		if !s.conn.IsClosed() && !errors.Is(err, amqp.ErrClosed) {
+			return nil, nil, fmt.Errorf("amqpsem: open channel: %w", err)
+		}
+		select {
+		case <-s.lost:
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("amqpsem: waiting for the connection to come back: %w", ctx.Err())
+		case <-c.done:
+			return nil, nil, tokensem.ErrClosed
+		}
+	}
+}
+
+// confirmChannel opens a channel in publisher-confirm mode.
+func (c *Conn) confirmChannel(ctx context.Context) (*amqp.Channel, error) {
+	ch, _, err := c.channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	return ch, nil
+}
+
+// localLock returns the in-process lock of semaphore name: the broker's
+// exclusive lock queue keeps other connections out, not other callers on
+// this one.
+func (c *Conn) localLock(name string) *sync.Mutex {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m, ok := c.locks[name]
+	if !ok {
+		m = new(sync.Mutex)
+		c.locks[name] = m
+	}
+	return m
+}
+
+// ServerVersion returns the broker's version as it announced it.
+func (c *Conn) ServerVersion() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur.version
+}
+
+// Close closes the connection and stops reconnecting. Permits held on it
+// are lost (the broker requeues their tokens). Idempotent.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	s := c.cur
+	c.mu.Unlock()
+	err := s.conn.Close()
+	c.wg.Wait()
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// rpc runs fn, whose amqp091 calls on ch take no context, and closes ch if
+// ctx ends first, which makes those calls return. It returns ctx's error in
+// that case.
+func rpc(ctx context.Context, ch *amqp.Channel, fn func() error) error {
+	stop := context.AfterFunc(ctx, func() { _ = ch.Close() })
+	err := fn()
+	if !stop() {
+		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
+	}
+	return err
+}

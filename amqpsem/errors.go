@@ -1,0 +1,67 @@
+package amqpsem
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrAuth wraps a connection refused for its credentials.
+var ErrAuth = errors.New("amqpsem: credentials refused")
+
+// ErrUnreachable wraps a broker that could not be reached.
+var ErrUnreachable = errors.New("amqpsem: broker unreachable")
+
+// ErrTLS wraps a connection whose TLS handshake failed: the broker's
+// certificate is not trusted (unknown authority, expired, issued for another
+// host), the broker refused the client's certificate (or wanted one; also
+// assumed when it closes the connection right after the handshake, before
+// saying anything), or the peer does not speak TLS (an amqps:// URL for a
+// plaintext port). It is not ErrUnreachable: the broker answered, and
+// retrying will not help until the configuration changes. A broker that does
+// not answer the handshake in time is ErrUnreachable.
+var ErrTLS = errors.New("amqpsem: TLS handshake failed")
+
+// ErrBlocked wraps a publish that did not complete while the broker was
+// blocking publishers on the connection (connection.blocked: a memory or
+// disk alarm; the reason is in the error).
+var ErrBlocked = errors.New("amqpsem: the broker blocks publishing")
+
+// errAborted marks an AMQP call cut short because its context ended.
+var errAborted = errors.New("amqpsem: call aborted")
+
+// isCode reports whether err is an AMQP error with the given reply code.
+func isCode(err error, code int) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+// isTLSFailure reports whether err is a TLS handshake that failed for its
+// content (certificates, protocol), not for the network.
+func isTLSFailure(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		record   tls.RecordHeaderError
+		alert    tls.AlertError
+		op       *net.OpError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) ||
+		errors.As(err, &invalid) || errors.As(err, &record) || errors.As(err, &alert) ||
+		// crypto/tls reports an alert from the peer this way.
+		errors.As(err, &op) && op.Op == "remote error"
+}
+
+// isClosed reports whether err is the peer closing or resetting the
+// connection.
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
