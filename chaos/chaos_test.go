@@ -89,12 +89,14 @@ func TestChaosNATS(t *testing.T) {
 		"cut":    func() { r.cut(ps) },
 		"delay":  func() { r.delay(ps, natsLease/4) },
 		"restart": func() {
-			r.record(-1, "restart")
+			f := fault{worker: -1, kind: "restart", begin: now()}
 			srv.Shutdown()
 			time.Sleep(100 * time.Millisecond)
 			if srv, err = embedded.Start(embedded.Config{Listen: addr, StoreDir: store}); err != nil {
 				t.Fatalf("restart on the same store: %v", err)
 			}
+			f.end = now()
+			r.record(f)
 		},
 	})
 	sem, done := admin()
@@ -170,7 +172,7 @@ func TestChaosNATSCluster(t *testing.T) {
 		"freeze": func() { r.freeze(natsLease + natsLease/2) },
 		"node-loss": func() {
 			i := rand.IntN(nodes)
-			r.record(-1, "node-loss")
+			f := fault{worker: -1, kind: "node-loss", begin: now()}
 			srvs[i].Shutdown()
 			srvs[i] = nil
 			time.Sleep(2 * time.Second)
@@ -180,6 +182,8 @@ func TestChaosNATSCluster(t *testing.T) {
 			}
 			srvs[i] = s
 			waitJetStream(t, nc)
+			f.end = now()
+			r.record(f)
 		},
 	})
 	settle(t, r, sem, sem.Inventory())
@@ -224,12 +228,14 @@ func TestChaosAMQP(t *testing.T) {
 	}
 	if os.Getenv("TOKENSEM_CHAOS_RABBIT_RESTART") == "1" {
 		kinds["restart"] = func() {
-			r.record(-1, "restart")
+			f := fault{worker: -1, kind: "restart", begin: now()}
 			for _, verb := range []string{"stop_app", "start_app"} {
 				if out, err := exec.Command("rabbitmqctl", "-q", verb).CombinedOutput(); err != nil {
 					t.Fatalf("rabbitmqctl %s: %v\n%s", verb, err, out)
 				}
 			}
+			f.end = now()
+			r.record(f)
 		}
 	}
 	r.inject(kinds)

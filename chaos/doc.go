@@ -18,13 +18,16 @@
 // holder saw the loss; a loss or a death may have freed the slot as early as
 // the fault that hit the holder (a frozen process cannot see its loss in
 // time: the fence is the remedy), but a loss with no fault must have been
-// seen before anyone else took the slot. porcupine must find the history
-// linearizable; Check also names fence regressions, slots out of range and
-// takeovers with no fault to excuse them, and counts the holders at once by
-// their own account and those whose fence was still the newest (what a
-// fenced resource accepts; never more than N). After the run one reconcile
-// must leave exactly N valid tokens, and a killed holder's slot must come
-// back within the lease plus a bound.
+// seen before anyone else took the slot. Each fault is recorded as an
+// interval, from just before the harness applies it until it is over, since
+// a worker may begin a hold while a signal, a cut or a shutdown is on its
+// way; which holds a fault hits is argued in charge. porcupine must find the
+// history linearizable; Check also names fence regressions, slots out of
+// range and takeovers with no fault to excuse them, and counts the holders
+// at once by their own account and those whose fence was still the newest
+// (what a fenced resource accepts; never more than N). After the run one
+// reconcile must leave exactly N valid tokens, and a killed holder's slot
+// must come back within the lease plus a bound.
 //
 // TOKENSEM_CHAOS selects the profile: short (default, about 25 s per
 // scenario, in CI), long (5 minutes per scenario), or off.

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -117,13 +119,6 @@ type worker struct {
 	done    chan struct{}
 }
 
-// fault is a fault the harness injected into one worker, or all (-1).
-type fault struct {
-	worker int
-	at     int64
-	kind   string
-}
-
 // run is one chaos scenario: workers against one semaphore, and faults.
 type run struct {
 	t       *testing.T
@@ -184,13 +179,15 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 
-func (r *run) record(worker int, kind string) int64 {
-	at := time.Now().UnixNano()
+// now is the instant faults and reports are stamped with.
+func now() int64 { return time.Now().UnixNano() }
+
+// record adds a fault that is over (its end stamped) to the history.
+func (r *run) record(f fault) {
 	r.mu.Lock()
-	r.faults = append(r.faults, fault{worker: worker, at: at, kind: kind})
-	r.kinds[kind]++
+	r.faults = append(r.faults, f)
+	r.kinds[f.kind]++
 	r.mu.Unlock()
-	return at
 }
 
 // target picks a worker that holds a permit now (else any live one).
@@ -210,19 +207,64 @@ func (r *run) target() *worker {
 // kill SIGKILLs a holder and starts a new worker in its place.
 func (r *run) kill() {
 	w := r.target()
-	r.record(w.id, "kill")
+	f := fault{worker: w.id, kind: "kill", begin: now()}
 	_ = w.cmd.Process.Kill()
 	<-w.done
+	f.end = now()
+	r.record(f)
 	r.start(w.pos)
 }
 
-// freeze SIGSTOPs a holder for d, then lets it go on.
+// freeze SIGSTOPs a holder for d from the moment it stopped, then lets it
+// go on.
 func (r *run) freeze(d time.Duration) {
 	w := r.target()
-	r.record(w.id, "freeze")
+	f := fault{worker: w.id, kind: "freeze", begin: now()}
 	_ = w.cmd.Process.Signal(syscall.SIGSTOP)
+	if waitStopped(w.cmd.Process.Pid, time.Second) {
+		f.stopped = now()
+	} else {
+		r.t.Logf("freeze: worker %d not seen stopped within 1s; charged over the whole freeze", w.id)
+	}
 	time.Sleep(d)
 	_ = w.cmd.Process.Signal(syscall.SIGCONT)
+	f.end = now()
+	r.record(f)
+}
+
+// waitStopped waits until every thread of process pid is stopped, as
+// Linux's /proc shows it (a signal is delivered when its target next runs,
+// which on a loaded machine can be a while after kill(2) returned). It
+// reports false if that could not be seen within d.
+func waitStopped(pid int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if stopped(pid) {
+			return true
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return false
+}
+
+// stopped reports whether every thread of process pid is in state T.
+func stopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return false
+		}
+		// "tid (comm) S ...": comm may hold anything, even ") ".
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // stopAll stops every worker (SIGTERM: they release and exit).
@@ -290,24 +332,15 @@ func (r *run) holds() []Hold {
 	for _, h := range open {
 		out = append(out, *h)
 	}
-	for i := range out {
-		h := &out[i]
-		until := int64(1<<63 - 1)
-		if h.Ended {
-			until = h.End
-		}
-		for _, f := range faults {
-			if (f.worker == h.Worker || f.worker == -1) && f.at >= h.Call && f.at <= until {
-				h.Fault = f.at
-				break
-			}
-		}
-	}
+	charge(out, faults)
 	return out
 }
 
-// recoveries returns, for every holder killed while holding, the time
-// until another worker held its slot.
+// recoveries returns, for every holder killed while holding, the time from
+// its death (at the earliest: the kill's begin, or its Acquired if that was
+// later) until the slot's next holder (the next fence) had it. A holder
+// whose slot was taken before it died (it was frozen or cut off first) has
+// no recovery to measure.
 func recoveries(holds []Hold, faults []fault) []time.Duration {
 	var out []time.Duration
 	for _, f := range faults {
@@ -315,17 +348,18 @@ func recoveries(holds []Hold, faults []fault) []time.Duration {
 			continue
 		}
 		for _, h := range holds {
-			if h.Worker != f.worker || h.Ended || h.Acquired > f.at {
+			if h.Worker != f.worker || h.Ended {
 				continue
 			}
-			next := int64(0)
-			for _, o := range holds {
-				if o.Slot == h.Slot && o.Acquired > f.at && (next == 0 || o.Acquired < next) {
-					next = o.Acquired
+			died := max(f.begin, h.Acquired)
+			var next *Hold
+			for i, o := range holds {
+				if o.Slot == h.Slot && o.Fence > h.Fence && (next == nil || o.Fence < next.Fence) {
+					next = &holds[i]
 				}
 			}
-			if next != 0 {
-				out = append(out, time.Duration(next-f.at))
+			if next != nil && next.Acquired > died {
+				out = append(out, time.Duration(next.Acquired-died))
 			}
 		}
 	}
@@ -410,17 +444,21 @@ func proxies(t *testing.T, n int, target string) []*faultproxy.Proxy {
 // cut drops a holder's connection.
 func (r *run) cut(ps []*faultproxy.Proxy) {
 	w := r.target()
-	r.record(w.id, "cut")
+	f := fault{worker: w.id, kind: "cut", begin: now()}
 	ps[w.pos].Cut()
+	f.end = now()
+	r.record(f)
 }
 
 // delay holds a holder's traffic for d.
 func (r *run) delay(ps []*faultproxy.Proxy, d time.Duration) {
 	w := r.target()
-	r.record(w.id, "delay")
+	f := fault{worker: w.id, kind: "delay", begin: now()}
 	ps[w.pos].Pause()
 	time.Sleep(d)
 	ps[w.pos].Resume()
+	f.end = now()
+	r.record(f)
 }
 
 // logInversions logs the holds whose report order (by Acquire's return as

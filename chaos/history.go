@@ -26,9 +26,9 @@ type Hold struct {
 	Ended bool
 	// Lost: the permit ended by a loss, seen at End.
 	Lost bool
-	// Fault is when a fault the harness injected first hit this worker
-	// while it held (a kill, a freeze, a cut or delayed link, a broker
-	// restart), or 0.
+	// Fault is the earliest instant at which a fault the harness injected
+	// (a kill, a freeze, a cut or delayed link, a broker restart) may have
+	// freed the slot behind this holder's back, or 0: see charge.
 	Fault int64
 }
 
@@ -54,15 +54,92 @@ func (h Hold) freeBy() int64 {
 }
 
 // liveEnd is when the holder stopped being able to act as a holder: its
-// end, or its death for a killed one (Fault), or never.
+// end, or its death for a killed one (Fault, but not before it said it
+// held: it was alive then), or never.
 func (h Hold) liveEnd() int64 {
 	switch {
 	case h.Ended:
 		return h.End
 	case h.Fault != 0:
-		return h.Fault
+		return max(h.Fault, h.Acquired)
 	}
 	return math.MaxInt64
+}
+
+// fault is one fault the harness injected into one worker, or into all of
+// them (worker -1: a broker restart, a node loss). Its instants come from
+// the harness's clock, the holds' from the workers': one machine, one
+// clock.
+type fault struct {
+	worker int
+	kind   string // "kill", "freeze", "cut", "delay", "restart", "node-loss"
+	// begin is stamped just before the fault is applied (the signal sent,
+	// the link cut or paused, the server shut down); end once it is over
+	// (the killed worker reaped, Cut returned, SIGCONT sent, the link
+	// resumed, the server back). The fault took effect somewhere between.
+	begin, end int64
+	// stopped, for a freeze, is stamped once every thread of the worker
+	// was seen stopped (0: never seen; the freeze is then treated like a
+	// link fault, over [begin, end]).
+	stopped int64
+}
+
+// charge sets each hold's Fault: the earliest begin of a fault that may
+// have freed its slot while it held, never before the hold's Call (a slot
+// is not freed from under a holding that has not begun). Which holds a
+// fault may hit depends on where it strikes:
+//
+//   - A kill hits only the hold its worker never ended: a worker that said
+//     a hold ended was alive after that, so the kill came later; and the
+//     worker was alive when it stamped Acquired, so that hold's slot was
+//     not freed by the kill before then.
+//   - A freeze hits the holds live at the instant the worker stopped,
+//     among them one whose Acquire was called before the stop and
+//     returned after SIGCONT. A worker stamps nothing while it is stopped,
+//     so each of its stamps is either before the stop (so at most stopped)
+//     or after SIGCONT: a hold that began after stopped began after the
+//     freeze, and one that ended before stopped ended before it.
+//   - A cut, a delay, a restart or a node loss strikes the link or the
+//     broker, which may free the slot before the holder can see it: it
+//     hits every hold of its worker (all, for -1) that overlaps [begin,
+//     end], including one that begins while the link is held or the
+//     broker is down.
+//
+// A hold no fault hits keeps Fault 0: a loss it reports must then have
+// been seen before anyone else took its slot.
+func charge(holds []Hold, faults []fault) {
+	for i := range holds {
+		h := &holds[i]
+		for _, f := range faults {
+			if at, ok := f.hits(*h); ok && (h.Fault == 0 || at < h.Fault) {
+				h.Fault = at
+			}
+		}
+	}
+}
+
+// hits reports whether f may have freed h's slot, and from when.
+func (f fault) hits(h Hold) (int64, bool) {
+	if f.worker != -1 && f.worker != h.Worker {
+		return 0, false
+	}
+	end := h.freeBy() // the hold's end, or never
+	switch {
+	case f.kind == "kill":
+		if h.Ended || h.Call > f.end {
+			return 0, false
+		}
+		return max(f.begin, h.Acquired), true
+	case f.kind == "freeze" && f.stopped != 0:
+		if h.Call > f.stopped || end < f.stopped {
+			return 0, false
+		}
+	default:
+		if h.Call > f.end || end < f.begin {
+			return 0, false
+		}
+	}
+	return max(f.begin, h.Call), true
 }
 
 // slotOp is an operation of the per-slot model: take the slot with a fence,
@@ -209,6 +286,12 @@ func sweep(holds []Hold) (all, valid int) {
 	}
 	var edges []edge
 	for i, h := range holds {
+		if h.liveEnd() <= h.Acquired {
+			// Over the instant it began (a holder killed right after it
+			// said it held): ends sort before starts, so its end would
+			// come first and it would count for ever.
+			continue
+		}
 		edges = append(edges, edge{h.Acquired, +1, i}, edge{h.liveEnd(), -1, i})
 	}
 	slices.SortFunc(edges, func(a, b edge) int {

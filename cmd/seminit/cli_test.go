@@ -386,11 +386,17 @@ func testExecInterruptedWaiting(t *testing.T, b broker) {
 }
 
 // meter counts the meterChild processes inside their critical section.
+// It answers a child's "enter" only once permits children are inside
+// together (or fillWait has passed), so that the holders of every permit
+// provably overlap: on a loaded machine their short windows need not.
 type meter struct {
-	l  net.Listener
-	wg sync.WaitGroup
+	l       net.Listener
+	wg      sync.WaitGroup
+	permits int
 
 	mu       sync.Mutex
+	filled   *sync.Cond // on mu: broadcast when an enter fills every permit, and on a wait's timeout
+	fills    int        // enters that made inside == permits
 	inside   int
 	max      int
 	enters   int
@@ -401,13 +407,18 @@ type meter struct {
 	conns    map[net.Conn]bool
 }
 
-func startMeter(t *testing.T) *meter {
+// fillWait bounds how long the meter holds an "enter" for the other
+// permits to fill: the last child of a run has nobody left to wait for.
+const fillWait = 3 * time.Second
+
+func startMeter(t *testing.T, permits int) *meter {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &meter{l: l, slots: map[int]bool{}, fences: map[int]uint64{}, conns: map[net.Conn]bool{}}
+	m := &meter{l: l, permits: permits, slots: map[int]bool{}, fences: map[int]uint64{}, conns: map[net.Conn]bool{}}
+	m.filled = sync.NewCond(&m.mu)
 	m.wg.Go(m.accept)
 	t.Cleanup(func() {
 		_ = l.Close()
@@ -466,6 +477,7 @@ func (m *meter) serve(c net.Conn) {
 				m.slots[s] = true
 				m.fences[s] = max(m.fences[s], fence)
 			}
+			m.waitFilled()
 		case len(f) == 1 && f[0] == "leave":
 			m.inside--
 			m.leaves++
@@ -480,8 +492,31 @@ func (m *meter) serve(c net.Conn) {
 	}
 }
 
+// waitFilled, called with mu held by a child that just entered, returns
+// once every permit was held at once since then (this child is inside
+// until it leaves, which it does only after the reply), or after fillWait.
+func (m *meter) waitFilled() {
+	if m.inside >= m.permits {
+		m.fills++
+		m.filled.Broadcast()
+		return
+	}
+	since, expired := m.fills, false
+	timer := time.AfterFunc(fillWait, func() {
+		m.mu.Lock()
+		expired = true
+		m.filled.Broadcast()
+		m.mu.Unlock()
+	})
+	defer timer.Stop()
+	for m.fills == since && !expired {
+		m.filled.Wait()
+	}
+}
+
 // TestExecAtMostN runs 8 seminit exec processes at once on a semaphore of
-// 2 permits, twice over; their children report to a meter.
+// 2 permits, twice over; their children report to a meter, which holds
+// each one inside until both permits' children are (see meter).
 func TestExecAtMostN(t *testing.T) { forEachBroker(t, testExecAtMostN) }
 
 func testExecAtMostN(t *testing.T, b broker) {
@@ -492,7 +527,7 @@ func testExecAtMostN(t *testing.T, b broker) {
 	)
 	name := uniqueName(t)
 	b.mustInit(t, name, permits)
-	m := startMeter(t)
+	m := startMeter(t, permits)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -530,7 +565,8 @@ func testExecAtMostN(t *testing.T, b broker) {
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	t.Logf("meter: max %d inside, %d enters, %d leaves, last fences %v", m.max, m.enters, m.leaves, m.fences)
+	t.Logf("meter: max %d inside, %d enters (%d filled every permit), %d leaves, last fences %v",
+		m.max, m.enters, m.fills, m.leaves, m.fences)
 	if m.max > permits {
 		t.Errorf("%d children inside at once with %d permits", m.max, permits)
 	}
