@@ -197,7 +197,7 @@ func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Deliver
 			s.log.Debug("slot claimed by another holder; returning the token", "index", tok.Index)
 			return nil, errRetry{backoff: true}
 		}
-		return nil, fmt.Errorf("amqpsem: claim slot %d: %w", tok.Index, err)
+		return nil, wrapBrokerErr(fmt.Sprintf("claim slot %d", tok.Index), err)
 	}
 	return s.newPermit(pc, d, tok), nil
 }

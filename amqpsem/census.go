@@ -85,7 +85,7 @@ func (s *Semaphore) readReady(ctx context.Context) ([][]byte, int, error) {
 	}
 	if len(ds) > 0 {
 		if err := ch.Nack(ds[len(ds)-1].DeliveryTag, true, true); err != nil {
-			return nil, 0, fmt.Errorf("amqpsem: census requeue: %w", err)
+			return nil, 0, wrapBrokerErr("census requeue", err)
 		}
 	}
 	return bodies, consumers, nil
@@ -126,7 +126,7 @@ func (s *Semaphore) takeReady(ctx context.Context, ch *amqp.Channel) ([]amqp.Del
 		if isCode(err, amqp.NotFound) {
 			return nil, 0, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
 		}
-		return nil, 0, fmt.Errorf("amqpsem: census: %w", err)
+		return nil, 0, wrapBrokerErr("census", err)
 	}
 	return ds, q.Consumers, nil
 }
@@ -222,7 +222,7 @@ func (s *Semaphore) readClaims(ctx context.Context, slots []int) ([]int, error) 
 			}
 		case isCode(err, amqp.NotFound): // never claimed
 		default:
-			return nil, fmt.Errorf("amqpsem: census of claims: %w", err)
+			return nil, wrapBrokerErr("census of claims", err)
 		}
 	}
 	return held, nil

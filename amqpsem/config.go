@@ -58,7 +58,7 @@ func (s *Semaphore) writeConfig(ctx context.Context, ch *amqp.Channel, cfg confi
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("amqpsem: config queue of %s: %w", s.name, err)
+		return wrapBrokerErr("config queue of "+s.name, err)
 	}
 	pending := make([]*amqp.DeferredConfirmation, 0, configCopies)
 	for range configCopies {
@@ -66,7 +66,7 @@ func (s *Semaphore) writeConfig(ctx context.Context, ch *amqp.Channel, cfg confi
 			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b,
 		})
 		if err != nil {
-			return fmt.Errorf("amqpsem: publish config: %w", err)
+			return wrapBrokerErr("publish config", err)
 		}
 		pending = append(pending, dc)
 	}
@@ -112,7 +112,7 @@ func (s *Semaphore) readConfigOnce(ctx context.Context) (cfg config, found bool,
 	case isCode(err, amqp.NotFound):
 		return config{}, false, fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 	case err != nil:
-		return config{}, false, fmt.Errorf("amqpsem: read config of %s: %w", s.name, err)
+		return config{}, false, wrapBrokerErr("read config of "+s.name, err)
 	case !ok:
 		return config{}, false, nil
 	}

@@ -30,9 +30,9 @@ import (
 // 3.10.8), so the holders learn of the loss first even when only one
 // direction of the link fails.
 type Conn struct {
-	url       string      // as given to Dial
-	dialURL   string      // what amqp091 dials: url, or its amqp:// form for amqps:// (Conn does the TLS)
-	tls       *tls.Config // amqps://: the client's configuration; nil for amqp://
+	addrs     []address   // the nodes to connect to
+	next      int         // index in addrs of the node connect tries first
+	tls       *tls.Config // WithTLS's configuration, or nil
 	heartbeat time.Duration
 	log       *slog.Logger
 
@@ -64,7 +64,7 @@ func (c *Conn) waitConfirms(ctx context.Context, pending []*amqp.DeferredConfirm
 			if reason := c.blockedReason(); reason != "" {
 				return fmt.Errorf("%w (%s): waiting for a publisher confirm: %w", ErrBlocked, reason, err)
 			}
-			return fmt.Errorf("amqpsem: waiting for a publisher confirm: %w", err)
+			return wrapBrokerErr("waiting for a publisher confirm", err)
 		}
 		if !ok {
 			return errors.New("amqpsem: the broker refused (nacked) a publish")
@@ -237,7 +237,7 @@ func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
 			return ch, s, nil
 		}
 		if !s.conn.IsClosed() && !errors.Is(err, amqp.ErrClosed) {
-			return nil, nil, fmt.Errorf("amqpsem: open channel: %w", err)
+			return nil, nil, wrapBrokerErr("open channel", err)
 		}
 		select {
 		case <-s.lost:

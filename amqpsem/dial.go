@@ -79,34 +79,38 @@ func WithDialLogger(l *slog.Logger) DialOption {
 	}
 }
 
-// Dial connects to the broker at url (amqp:// or amqps://; see WithTLS).
-// The first connection is made before Dial returns: an unreachable broker
-// is an error wrapping ErrUnreachable, refused credentials one wrapping
-// ErrAuth, a failed TLS handshake one wrapping ErrTLS.
+// address is one broker node Dial may connect to.
+type address struct {
+	url     string      // as given to Dial (never printed unredacted)
+	dialURL string      // what amqp091 dials: url, or its amqp:// form for amqps:// (Conn does the TLS)
+	tls     *tls.Config // amqps://: the client's configuration; nil for amqp://
+}
+
+// Dial connects to the broker at url: amqp:// or amqps:// (see WithTLS),
+// or a comma-separated list of such URLs, one per node of a RabbitMQ
+// cluster. The nodes are tried in the order given, and when the connection
+// drops, reconnection tries the next node first: callers waiting in Acquire
+// go on waiting through another node, while permits held on the lost
+// connection are lost (their Done closes).
+//
+// The first connection is made before Dial returns. When no node can be
+// connected to, the error wraps each node's failure: ErrUnreachable for a
+// broker that could not be reached, ErrAuth for refused credentials, ErrTLS
+// for a failed TLS handshake.
 func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
-	c := &Conn{url: url, heartbeat: DefaultHeartbeat, log: slog.New(slog.DiscardHandler),
+	c := &Conn{heartbeat: DefaultHeartbeat, log: slog.New(slog.DiscardHandler),
 		locks: make(map[string]*sync.Mutex), changed: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
 		}
 	}
-	if !strings.HasPrefix(url, "amqp://") && !strings.HasPrefix(url, "amqps://") {
-		return nil, fmt.Errorf("%w: url %q is not amqp:// or amqps://", tokensem.ErrInvalidOption, redact(url))
-	}
-	if c.tls != nil && !strings.HasPrefix(url, "amqps://") {
-		return nil, fmt.Errorf("%w: WithTLS needs an amqps:// url, not %q", tokensem.ErrInvalidOption, redact(url))
-	}
-	uri, err := amqp.ParseURI(url)
-	if err != nil {
-		// The parser's message quotes the URL, password included.
-		return nil, fmt.Errorf("%w: url %q: %s", tokensem.ErrInvalidOption, redact(url), redact(err.Error()))
-	}
-	c.dialURL = url
-	if uri.Scheme == "amqps" {
-		if err := c.prepareTLS(uri); err != nil {
+	for _, u := range strings.Split(url, ",") {
+		a, err := c.parseAddress(strings.TrimSpace(u))
+		if err != nil {
 			return nil, err
 		}
+		c.addrs = append(c.addrs, a)
 	}
 	s, err := c.connect(ctx)
 	if err != nil {
@@ -118,13 +122,36 @@ func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 	return c, nil
 }
 
-// prepareTLS sets up an amqps:// URL: the TLS configuration (WithTLS's, else
-// one from the URL as amqp091 would make it), and the amqp:// URL of the
-// same broker that amqp091 is given. Conn does the TLS handshake itself, so
-// that it can tell a refused certificate from a network failure.
-func (c *Conn) prepareTLS(uri amqp.URI) error {
-	if c.tls == nil {
-		cfg := &tls.Config{ServerName: uri.ServerName, MinVersion: tls.VersionTLS12}
+// parseAddress checks one broker URL and prepares its TLS.
+func (c *Conn) parseAddress(url string) (address, error) {
+	if !strings.HasPrefix(url, "amqp://") && !strings.HasPrefix(url, "amqps://") {
+		return address{}, fmt.Errorf("%w: url %q is not amqp:// or amqps://", tokensem.ErrInvalidOption, redact(url))
+	}
+	if c.tls != nil && !strings.HasPrefix(url, "amqps://") {
+		return address{}, fmt.Errorf("%w: WithTLS needs an amqps:// url, not %q", tokensem.ErrInvalidOption, redact(url))
+	}
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		// The parser's message quotes the URL, password included.
+		return address{}, fmt.Errorf("%w: url %q: %s", tokensem.ErrInvalidOption, redact(url), redact(err.Error()))
+	}
+	a := address{url: url, dialURL: url}
+	if uri.Scheme == "amqps" {
+		if err := c.prepareTLS(&a, uri); err != nil {
+			return address{}, err
+		}
+	}
+	return a, nil
+}
+
+// prepareTLS sets up an amqps:// address: the TLS configuration (WithTLS's,
+// else one from the URL as amqp091 would make it), and the amqp:// URL of
+// the same broker that amqp091 is given. Conn does the TLS handshake
+// itself, so that it can tell a refused certificate from a network failure.
+func (c *Conn) prepareTLS(a *address, uri amqp.URI) error {
+	cfg := c.tls.Clone()
+	if cfg == nil {
+		cfg = &tls.Config{ServerName: uri.ServerName, MinVersion: tls.VersionTLS12}
 		if uri.CACertFile != "" {
 			pem, err := os.ReadFile(uri.CACertFile)
 			if err != nil {
@@ -142,21 +169,40 @@ func (c *Conn) prepareTLS(uri amqp.URI) error {
 			}
 			cfg.Certificates = []tls.Certificate{pair}
 		}
-		c.tls = cfg
 	}
-	if c.tls.ServerName == "" {
-		c.tls.ServerName = uri.Host
+	if cfg.ServerName == "" {
+		cfg.ServerName = uri.Host
 	}
-	u, err := neturl.Parse(c.url)
+	u, err := neturl.Parse(a.url)
 	if err != nil { // amqp.ParseURI accepted it: cannot happen
-		return fmt.Errorf("%w: url %q", tokensem.ErrInvalidOption, redact(c.url))
+		return fmt.Errorf("%w: url %q", tokensem.ErrInvalidOption, redact(a.url))
 	}
 	u.Scheme, u.Host = "amqp", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
-	c.dialURL = u.String()
+	a.dialURL, a.tls = u.String(), cfg
 	return nil
 }
 
+// connect connects to the first node that answers, trying them all once
+// starting with c.next, and sets c.next to the node after it. Only Dial and
+// then the supervisor call it, one at a time.
 func (c *Conn) connect(ctx context.Context) (*session, error) {
+	var errs []error
+	for range c.addrs {
+		i := c.next
+		c.next = (c.next + 1) % len(c.addrs)
+		s, err := c.connectTo(ctx, c.addrs[i])
+		if err == nil {
+			return s, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (c *Conn) connectTo(ctx context.Context, a address) (*session, error) {
 	s := &session{lost: make(chan struct{})}
 	dialer := net.Dialer{Timeout: 10 * time.Second}
 	cfg := amqp.Config{
@@ -180,10 +226,10 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 				return nil, err
 			}
 			s.sock = conn
-			if c.tls == nil {
+			if a.tls == nil {
 				return conn, nil
 			}
-			tc := tls.Client(conn, c.tls)
+			tc := tls.Client(conn, a.tls)
 			if err := tc.HandshakeContext(ctx); err != nil {
 				_ = conn.Close()
 				return nil, err
@@ -192,14 +238,14 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 			return s.tls, nil
 		},
 	}
-	conn, err := amqp.DialConfig(c.dialURL, cfg)
+	conn, err := amqp.DialConfig(a.dialURL, cfg)
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused || errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrSASL) {
-			return nil, fmt.Errorf("%w: %s: %w", ErrAuth, redact(c.url), err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrAuth, redact(a.url), err)
 		}
 		if isTLSFailure(err) {
-			return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(c.url), err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(a.url), err)
 		}
 		if s.tls != nil {
 			// amqp091 keeps only the text of a read error; the TLS layer's
@@ -207,13 +253,13 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 			read, ioErr := s.tls.state()
 			switch {
 			case isTLSFailure(ioErr):
-				return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(c.url), ioErr)
+				return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(a.url), ioErr)
 			case read == 0 && isClosed(ioErr):
 				return nil, fmt.Errorf("%w: %s: the broker closed the connection right after the TLS handshake (does it refuse the client certificate?): %w",
-					ErrTLS, redact(c.url), ioErr)
+					ErrTLS, redact(a.url), ioErr)
 			}
 		}
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, redact(c.url), err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, redact(a.url), err)
 	}
 	s.conn = conn
 	if v, ok := conn.Properties["version"].(string); ok {

@@ -4,18 +4,21 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"syscall"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/tokensem/tokensem"
 )
 
 // ErrAuth wraps a connection refused for its credentials.
 var ErrAuth = errors.New("amqpsem: credentials refused")
 
-// ErrUnreachable wraps a broker that could not be reached.
-var ErrUnreachable = errors.New("amqpsem: broker unreachable")
+// ErrUnreachable wraps a broker that could not be reached. It matches
+// tokensem.ErrUnavailable too.
+var ErrUnreachable error = &unavailable{"amqpsem: broker unreachable"}
 
 // ErrTLS wraps a connection whose TLS handshake failed: the broker's
 // certificate is not trusted (unknown authority, expired, issued for another
@@ -29,8 +32,39 @@ var ErrTLS = errors.New("amqpsem: TLS handshake failed")
 
 // ErrBlocked wraps a publish that did not complete while the broker was
 // blocking publishers on the connection (connection.blocked: a memory or
-// disk alarm; the reason is in the error).
-var ErrBlocked = errors.New("amqpsem: the broker blocks publishing")
+// disk alarm; the reason is in the error). It matches
+// tokensem.ErrUnavailable too.
+var ErrBlocked error = &unavailable{"amqpsem: the broker blocks publishing"}
+
+// unavailable is a sentinel of a broker failure that trying again later
+// may cure: it matches tokensem.ErrUnavailable.
+type unavailable struct{ msg string }
+
+func (e *unavailable) Error() string { return e.msg }
+func (e *unavailable) Unwrap() error { return tokensem.ErrUnavailable }
+
+// brokerError is a request the broker failed or did not answer. It matches
+// tokensem.ErrUnavailable and the broker's error.
+type brokerError struct {
+	what string
+	err  error
+}
+
+func (e brokerError) Error() string   { return "amqpsem: " + e.what + ": " + e.err.Error() }
+func (e brokerError) Unwrap() []error { return []error{tokensem.ErrUnavailable, e.err} }
+
+// wrapBrokerErr marks err, from what, as a broker error (nil stays nil; an
+// error that already matches tokensem.ErrUnavailable, or says the
+// semaphore does not exist, gets only the context).
+func wrapBrokerErr(what string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, tokensem.ErrUnavailable), errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrClosed):
+		return fmt.Errorf("amqpsem: %s: %w", what, err)
+	}
+	return brokerError{what, err}
+}
 
 // errAborted marks an AMQP call cut short because its context ended.
 var errAborted = errors.New("amqpsem: call aborted")

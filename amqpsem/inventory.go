@@ -167,7 +167,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 		Headers: amqp.Table{fenceBaseHeader: int64(base)},
 	})
 	if err != nil {
-		return fmt.Errorf("amqpsem: issue slot %d: %w", index, err)
+		return wrapBrokerErr(fmt.Sprintf("issue slot %d", index), err)
 	}
 	if err := s.c.waitConfirms(ctx, []*amqp.DeferredConfirmation{dc}); err != nil {
 		return err

@@ -248,7 +248,7 @@ func (s *Semaphore) lockBroker(ctx context.Context) (func(), error) {
 		}
 		if !isCode(err, amqp.ResourceLocked) {
 			_ = ch.Close()
-			return nil, fmt.Errorf("amqpsem: taking the creation lock of %s: %w", s.name, err)
+			return nil, wrapBrokerErr("taking the creation lock of "+s.name, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -281,7 +281,7 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 		return ch.Confirm(false)
 	})
 	if err != nil {
-		return config{}, fmt.Errorf("amqpsem: create %s: %w", q, err)
+		return config{}, wrapBrokerErr("create "+q, err)
 	}
 	cfg := config{Version: configVersion, Seq: 1, Permits: permits, Epoch: 1, KeyCheck: s.codec.KeyCheck(),
 		QueueType: s.opts.queueType, Created: time.Now().UnixMilli()}
@@ -298,7 +298,7 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 				DeliveryMode: amqp.Persistent, ContentType: "text/plain", MessageId: tok.ID, Body: b,
 			})
 			if err != nil {
-				return config{}, fmt.Errorf("amqpsem: publish token: %w", err)
+				return config{}, wrapBrokerErr("publish token", err)
 			}
 			pending = append(pending, dc)
 		}

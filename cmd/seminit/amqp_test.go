@@ -40,6 +40,8 @@ func TestAMQPBrokerErrors(t *testing.T) {
 		{"init wrong password", []string{"init", "--url", wrong, "--name", missing, "--permits", "1"}, exitNoAuth, "credentials refused"},
 		{"status wrong password", []string{"status", "--url", wrong, "--name", missing}, exitNoAuth, "credentials refused"},
 		{"exec wrong password", []string{"exec", "--url", wrong, "--name", missing, "--", "echo", "must not run"}, exitNoAuth, "credentials refused"},
+		// A list whose first node is down: the second answers.
+		{"list with a dead node", []string{"status", "--url", "amqp://guest:guest@127.0.0.1:1/," + rabbit.url, "--name", missing}, exitConfig, "not initialized"},
 	}
 	// All at once: RabbitMQ answers refused credentials only after 3s.
 	procs := make([]*proc, len(tests))

@@ -37,29 +37,65 @@ type semOptions struct {
 	timeout  time.Duration
 }
 
-// connect dials the broker named by g.url; its scheme picks the backend.
+// connect dials the broker named by g.url, one URL or a comma-separated
+// list of the nodes of one cluster; the scheme picks the backend.
 func connect(ctx context.Context, g *globals) (backend, error) {
-	u, err := url.Parse(g.url)
-	if err != nil || u.Host == "" {
-		return nil, usageErr{fmt.Errorf("--url %q is not a broker URL (want nats://host:port)", redact(g.url))}
+	us, err := parseURLs(g.url)
+	if err != nil {
+		return nil, err
 	}
-	switch strings.ToLower(u.Scheme) {
+	switch strings.ToLower(us[0].Scheme) {
 	case "nats", "tls":
-		return connectNATS(ctx, g)
-	case "amqp", "amqps":
-		return connectAMQP(ctx, g)
+		return connectNATS(ctx, g, us)
 	default:
-		return nil, usageErr{fmt.Errorf("--url scheme %q: want nats://, amqp:// or amqps://", u.Scheme)}
+		return connectAMQP(ctx, g, us)
 	}
+}
+
+// parseURLs parses --url: one broker URL, or a comma-separated list of
+// URLs of one backend (the nodes of a cluster).
+func parseURLs(raw string) ([]*url.URL, error) {
+	var us []*url.URL
+	family := ""
+	for _, part := range strings.Split(raw, ",") {
+		part = strings.TrimSpace(part)
+		u, err := url.Parse(part)
+		if err != nil || u.Host == "" {
+			return nil, usageErr{fmt.Errorf("--url %q is not a broker URL (want nats://host:port, or a comma-separated list of them)", redact(part))}
+		}
+		var f string
+		switch strings.ToLower(u.Scheme) {
+		case "nats", "tls":
+			f = "nats"
+		case "amqp", "amqps":
+			f = "amqp"
+		default:
+			return nil, usageErr{fmt.Errorf("--url scheme %q: want nats://, amqp:// or amqps://", u.Scheme)}
+		}
+		if family != "" && f != family {
+			return nil, usageErr{fmt.Errorf("--url mixes brokers (%s and %s): list the nodes of one cluster", redact(us[0].String()), redact(part))}
+		}
+		family = f
+		us = append(us, u)
+	}
+	return us, nil
+}
+
+// joinURLs writes a list of URLs back as --url takes it.
+func joinURLs(us []*url.URL) string {
+	parts := make([]string, len(us))
+	for i, u := range us {
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }
 
 type amqpBackend struct {
 	c *amqpsem.Conn
 }
 
-func connectAMQP(ctx context.Context, g *globals) (backend, error) {
-	u, _ := url.Parse(g.url) // connect checked it
-	cr, err := resolveCredentials(g, u)
+func connectAMQP(ctx context.Context, g *globals, us []*url.URL) (backend, error) {
+	cr, err := resolveCredentials(g, us[0])
 	if err != nil {
 		return nil, err
 	}
@@ -69,10 +105,10 @@ func connectAMQP(ctx context.Context, g *globals) (backend, error) {
 	case cr.creds != "":
 		return nil, usageErr{errors.New("--creds applies to nats:// only: RabbitMQ takes a user and password")}
 	}
-	raw := g.url
 	if cr.userpass {
-		u.User = url.UserPassword(cr.user, cr.password)
-		raw = u.String()
+		for _, u := range us {
+			u.User = url.UserPassword(cr.user, cr.password)
+		}
 	}
 	var opts []amqpsem.DialOption
 	tc, err := g.tlsConfig()
@@ -80,14 +116,16 @@ func connectAMQP(ctx context.Context, g *globals) (backend, error) {
 		return nil, err
 	}
 	if tc != nil {
-		if !strings.EqualFold(u.Scheme, "amqps") {
-			return nil, usageErr{fmt.Errorf("--tls-* flags need an amqps:// URL, not %s", redact(g.url))}
+		for _, u := range us {
+			if !strings.EqualFold(u.Scheme, "amqps") {
+				return nil, usageErr{fmt.Errorf("--tls-* flags need an amqps:// URL, not %s", redact(u.String()))}
+			}
 		}
 		opts = append(opts, amqpsem.WithTLS(tc))
 	}
 	dctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
-	c, err := amqpsem.Dial(dctx, raw, opts...)
+	c, err := amqpsem.Dial(dctx, joinURLs(us), opts...)
 	switch {
 	case errors.Is(err, amqpsem.ErrAuth):
 		return nil, authErr{err}
@@ -142,23 +180,23 @@ type natsBackend struct {
 	nc *nats.Conn
 }
 
-func connectNATS(ctx context.Context, g *globals) (backend, error) {
+func connectNATS(ctx context.Context, g *globals, us []*url.URL) (backend, error) {
 	timeout := g.timeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
 	}
-	u, _ := url.Parse(g.url) // connect checked it
-	cr, err := resolveCredentials(g, u)
+	cr, err := resolveCredentials(g, us[0])
 	if err != nil {
 		return nil, err
 	}
 	opts := []nats.Option{nats.Name("seminit"), nats.Timeout(timeout)}
-	raw := g.url
 	if cr.userpass || cr.tokenSource != "" || cr.creds != "" {
 		// nats.go prefers the URL's userinfo to its options.
-		u.User = nil
-		raw = u.String()
+		for _, u := range us {
+			u.User = nil
+		}
 	}
+	raw := joinURLs(us)
 	switch {
 	case cr.userpass:
 		opts = append(opts, nats.UserInfo(cr.user, cr.password))
@@ -352,8 +390,14 @@ func classify(err error) error {
 }
 
 // redact hides a URL's password in messages, also in a URL that does not
-// parse.
+// parse, and in each URL of a comma-separated list.
 func redact(raw string) string {
+	if parts := strings.Split(raw, ","); len(parts) > 1 {
+		for i, p := range parts {
+			parts[i] = redact(p)
+		}
+		return strings.Join(parts, ",")
+	}
 	u, err := url.Parse(raw)
 	if err == nil {
 		return u.Redacted()

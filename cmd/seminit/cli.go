@@ -46,8 +46,10 @@ Usage:
 
 Flags common to init, status and exec:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS
-                   JetStream), amqp:// or amqps:// (RabbitMQ). Default $TOKENSEM_URL,
-                   else ` + DefaultURL + `
+                   JetStream), amqp:// or amqps:// (RabbitMQ). A comma-separated
+                   list names the nodes of one cluster: seminit connects to the
+                   first that answers and fails over to the others. Default
+                   $TOKENSEM_URL, else ` + DefaultURL + `
   --json           machine-readable output
   --timeout DUR    bound on each broker round trip (default 10s)
   --key-file PATH  shared token signing key (else $TOKENSEM_KEY, else unsigned)
