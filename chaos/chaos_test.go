@@ -33,6 +33,21 @@ func TestMain(m *testing.M) {
 
 const natsLease = time.Second
 
+// natsSkew is how far ahead of the stamping clock the NATS workers read the
+// server's clock when they decide a takeover (see natssem's package doc:
+// the holder's margin is lease/5). Half the margin: the other half is room
+// for a loaded machine to schedule a holder's deadline late.
+const natsSkew = natsLease / 10
+
+// natsRules are the checking rules of a NATS run. Only a kill or a freeze
+// may free a slot behind its holder's back: a holder that is cut off, its
+// link held up, or its server restarted or lost, still runs its deadline
+// timer, and must see its loss before anyone else takes its slot, even
+// with the server clock read natsSkew ahead.
+func natsRules() []runOption {
+	return []runOption{excusing("kill", "freeze"), withEnv(skewEnv + "=" + natsSkew.String())}
+}
+
 // settle stops the workers, repairs the semaphore once and checks that
 // exactly N valid tokens remain; it reports how many the repair issued
 // (tokens that were lost) or removed.
@@ -82,12 +97,13 @@ func TestChaosNATS(t *testing.T) {
 	done()
 
 	ps := proxies(t, p.workers, addr)
-	r := newRun(t, p, "nats", "nats", name, func(pos int) string { return "nats://" + ps[pos].Addr() })
+	r := newRun(t, p, "nats", "nats", name, func(pos int) string { return "nats://" + ps[pos].Addr() }, natsRules()...)
 	r.inject(map[string]func(){
-		"kill":   r.kill,
-		"freeze": func() { r.freeze(natsLease + natsLease/2) },
-		"cut":    func() { r.cut(ps) },
-		"delay":  func() { r.delay(ps, natsLease/4) },
+		"kill":      r.kill,
+		"freeze":    func() { r.freeze(natsLease + natsLease/2) },
+		"cut":       func() { r.cut(ps) },
+		"delay":     func() { r.delay(ps, natsLease/4) },
+		"partition": func() { r.partition(ps, natsLease+natsLease/2) },
 		"restart": func() {
 			f := fault{worker: -1, kind: "restart", begin: now()}
 			srv.Shutdown()
@@ -166,7 +182,7 @@ func TestChaosNATSCluster(t *testing.T) {
 	}
 	defer sem.Close()
 
-	r := newRun(t, p, "nats-cluster", "nats", name, func(int) string { return url })
+	r := newRun(t, p, "nats-cluster", "nats", name, func(int) string { return url }, natsRules()...)
 	r.inject(map[string]func(){
 		"kill":   r.kill,
 		"freeze": func() { r.freeze(natsLease + natsLease/2) },

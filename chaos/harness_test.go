@@ -129,6 +129,12 @@ type run struct {
 	url     func(pos int) string // the broker URL of the worker at pos
 	meter   *meter
 
+	// excuses names the fault kinds that may free a slot behind its
+	// holder's back on this broker (nil: all of them). Only those are
+	// charged to holds; any other loss must be seen before a takeover.
+	excuses map[string]bool
+	env     []string // extra environment of every worker
+
 	mu      sync.Mutex
 	workers map[int]*worker
 	byPos   []int // pos -> id of the current worker there
@@ -137,9 +143,28 @@ type run struct {
 	kinds   map[string]int
 }
 
-func newRun(t *testing.T, p profile, label, backend, name string, url func(pos int) string) *run {
+// runOption adjusts a run before its workers start.
+type runOption func(*run)
+
+// excusing limits the faults charged to holds to kinds (see run.excuses).
+func excusing(kinds ...string) runOption {
+	return func(r *run) {
+		r.excuses = map[string]bool{}
+		for _, k := range kinds {
+			r.excuses[k] = true
+		}
+	}
+}
+
+// withEnv adds to every worker's environment.
+func withEnv(kv ...string) runOption { return func(r *run) { r.env = append(r.env, kv...) } }
+
+func newRun(t *testing.T, p profile, label, backend, name string, url func(pos int) string, opts ...runOption) *run {
 	r := &run{t: t, p: p, label: label, backend: backend, name: name, url: url, meter: startMeter(t),
 		workers: map[int]*worker{}, byPos: make([]int, p.workers), kinds: map[string]int{}}
+	for _, o := range opts {
+		o(r)
+	}
 	for pos := range p.workers {
 		r.start(pos)
 	}
@@ -157,6 +182,7 @@ func (r *run) start(pos int) {
 	w.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	w.cmd.Env = append(os.Environ(), WorkerEnv+"="+strconv.Itoa(id), backendEnv+"="+r.backend,
 		urlEnv+"="+r.url(pos), nameEnv+"="+r.name, meterEnv+"="+r.meter.ln.Addr().String())
+	w.cmd.Env = append(w.cmd.Env, r.env...)
 	w.cmd.Stdout, w.cmd.Stderr = &syncWriter{b: &w.out}, &syncWriter{b: &w.out}
 	if err := w.cmd.Start(); err != nil {
 		r.t.Fatal(err)
@@ -332,7 +358,22 @@ func (r *run) holds() []Hold {
 	for _, h := range open {
 		out = append(out, *h)
 	}
-	charge(out, faults)
+	charge(out, r.excused(faults))
+	return out
+}
+
+// excused returns the faults that may free a slot behind its holder's back
+// on this run's broker.
+func (r *run) excused(faults []fault) []fault {
+	if r.excuses == nil {
+		return faults
+	}
+	var out []fault
+	for _, f := range faults {
+		if r.excuses[f.kind] {
+			out = append(out, f)
+		}
+	}
 	return out
 }
 
@@ -450,10 +491,18 @@ func (r *run) cut(ps []*faultproxy.Proxy) {
 	r.record(f)
 }
 
-// delay holds a holder's traffic for d.
-func (r *run) delay(ps []*faultproxy.Proxy, d time.Duration) {
+// delay holds a holder's traffic for d (a "partition" when d outlasts the
+// lease).
+func (r *run) delay(ps []*faultproxy.Proxy, d time.Duration) { r.hold(ps, "delay", d) }
+
+// partition cuts a holder off from the broker for d without closing its
+// connection: its renewals cannot land, while its process runs.
+func (r *run) partition(ps []*faultproxy.Proxy, d time.Duration) { r.hold(ps, "partition", d) }
+
+// hold pauses a holder's traffic for d, as a fault of kind.
+func (r *run) hold(ps []*faultproxy.Proxy, kind string, d time.Duration) {
 	w := r.target()
-	f := fault{worker: w.id, kind: "delay", begin: now()}
+	f := fault{worker: w.id, kind: kind, begin: now()}
 	ps[w.pos].Pause()
 	time.Sleep(d)
 	ps[w.pos].Resume()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/testhook"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -41,6 +42,9 @@ const (
 	urlEnv     = "TOKENSEM_CHAOS_URL"     // broker URL(s), comma-separated for NATS
 	nameEnv    = "TOKENSEM_CHAOS_NAME"    // semaphore name
 	meterEnv   = "TOKENSEM_CHAOS_METER"   // host:port of the meter
+	// skewEnv, a duration, makes the worker read the NATS server's clock
+	// that far ahead (see testhook.SetServerClockAhead).
+	skewEnv = "TOKENSEM_CHAOS_SKEW"
 )
 
 // RunWorker acquires, holds for a few milliseconds and releases, over and
@@ -48,6 +52,14 @@ const (
 // process exit code.
 func RunWorker() int {
 	id, _ := strconv.Atoi(os.Getenv(WorkerEnv))
+	if v := os.Getenv(skewEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", skewEnv, err)
+			return 1
+		}
+		testhook.SetServerClockAhead(d)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	m, err := net.Dial("tcp", os.Getenv(meterEnv))
@@ -138,7 +150,7 @@ func tryOpen(ctx context.Context, backend, url, name string) (tokensem.Semaphore
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := natssem.Open(octx, nc, name, natssem.WithRequestTimeout(time.Second))
+		s, err := natssem.Open(octx, nc, name)
 		if err != nil {
 			nc.Close()
 			return nil, nil, err

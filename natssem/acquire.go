@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/internal/testhook"
 )
 
 // Acquire blocks until it holds a permit or ctx ends. Callers are served in
@@ -483,7 +484,7 @@ func (s *Semaphore) serverNow(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	return info.TimeStamp, nil
+	return info.TimeStamp.Add(testhook.ServerClockAhead()), nil
 }
 
 // consumerInfo reads the holders consumer's info: one round trip (the

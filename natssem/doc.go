@@ -68,6 +68,12 @@
 // is harmless. Beyond the bound, or while a holder's process is frozen, the
 // fence still tells the stale holder's writes from the new holder's.
 //
+// The record's age is the only guard for a delivery that comes early: a
+// stale Nak, a duplicate token, a consumer restarted with the token
+// pending. A token whose holder just went silent is otherwise redelivered
+// only a lease after the holder's last in-progress ack, timed by the
+// server's monotonic clock, which no clock step moves.
+//
 // # Failures
 //
 // A request the broker does not answer (a stream or consumer electing a new
