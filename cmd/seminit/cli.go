@@ -72,8 +72,11 @@ seminit server: --user/--password (or $TOKENSEM_PASSWORD) require those
 credentials; --tls-cert/--tls-key serve TLS only (its URL is tls://), and
 --tls-ca FILE also requires client certificates signed by FILE's CAs.
 
-Exit codes: 0 ok, 1 failed (reconcile: unhealthy after the run), 64 usage or bad input, 69 broker unreachable,
-70 exec: permit lost (child stopped), 75 no permit within --wait, 77 credentials
+Exit codes: 0 ok, 1 reconcile or resize: unhealthy after the run (or a failure
+not listed here; its message says what), 64 usage or bad input, 69 broker
+unreachable or failing a request, 70 exec: permit lost (child stopped), 75 no
+permit within --wait (a waiter rides through a cluster's failover until then),
+or too many callers waiting already, 77 credentials
 refused, 78 not initialized or permit-count/key mismatch, 124 exec: --max-hold
 ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
 exits with the command's status. The command's environment carries
@@ -361,7 +364,8 @@ func exitCode(err error) int {
 		return exitConfig
 	case errors.Is(err, tokensem.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, tokensem.ErrNoPermit), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, tokensem.ErrNoPermit), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, tokensem.ErrTooManyWaiters):
 		return exitNoPermit
 	default:
 		return exitFailure
