@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -8,12 +9,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
-// runServer runs an embedded NATS JetStream server until ctx ends
-// (SIGINT/SIGTERM).
+// runServer runs an embedded NATS JetStream server, standalone or as one
+// node of a cluster, until ctx ends (SIGINT/SIGTERM).
 func runServer(ctx context.Context, e env, args []string) error {
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:4222", "host:port to listen on")
@@ -24,13 +26,26 @@ func runServer(ctx context.Context, e env, args []string) error {
 	tlsKey := fs.String("tls-key", "", "PEM key of --tls-cert")
 	tlsCA := fs.String("tls-ca", "", "require client certificates signed by these PEM CAs")
 	metricsAddr := fs.String("metrics-listen", "", "serve Prometheus metrics at http://ADDR/metrics")
+	var sync embedded.SyncPolicy
+	fs.TextVar(&sync, "sync", embedded.SyncDefault, "when to fsync: always or interval (default: always with --store)")
+	syncEvery := fs.Duration("sync-interval", 0, "fsync period of --sync interval (default 2m)")
+	serverName := fs.String("server-name", "", "server name, unique in the cluster")
+	clusterListen := fs.String("cluster-listen", "", "host:port to accept cluster routes on; makes this a cluster node")
+	routes := fs.String("routes", "", "comma-separated nats-route://host:port of the cluster's nodes")
+	clusterName := fs.String("cluster-name", "", "cluster name (default "+embedded.DefaultClusterName+")")
 	if err := parse(fs, args, false); err != nil {
 		return err
 	}
 	if _, _, err := net.SplitHostPort(*listen); err != nil {
 		return usageErr{fmt.Errorf("--listen %q: %w", *listen, err)}
 	}
-	cfg := embedded.Config{Listen: *listen, StoreDir: *store}
+	cfg := embedded.Config{Listen: *listen, StoreDir: *store, Sync: sync, SyncEvery: *syncEvery,
+		ServerName: *serverName, ClusterListen: *clusterListen, ClusterName: *clusterName}
+	if *routes != "" {
+		for r := range strings.SplitSeq(*routes, ",") {
+			cfg.Routes = append(cfg.Routes, strings.TrimSpace(r))
+		}
+	}
 
 	pass, passSource := *password, "--password"
 	if pass == "" {
@@ -62,6 +77,9 @@ func runServer(ctx context.Context, e env, args []string) error {
 	}
 
 	srv, err := embedded.Start(cfg)
+	if errors.Is(err, embedded.ErrInvalidConfig) {
+		return usageErr{err}
+	}
 	if err != nil {
 		return unavailableErr{err}
 	}
@@ -77,6 +95,18 @@ func runServer(ctx context.Context, e env, args []string) error {
 	if cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert {
 		extra += ", client certificates required"
 	}
+	switch policy, every := srv.Sync(); policy {
+	case embedded.SyncInterval:
+		extra += fmt.Sprintf(", fsync every %v", every)
+	default:
+		extra += ", fsync always"
+	}
+	if cfg.ClusterListen != "" {
+		// JetStream answers once a majority of the nodes has elected a
+		// meta leader; the line says so, and a second one says when.
+		extra += fmt.Sprintf(", cluster %s node %s at %s; JetStream waits for a meta leader",
+			cmp.Or(cfg.ClusterName, embedded.DefaultClusterName), srv.Name(), srv.ClusterURL())
+	}
 	fmt.Fprintf(e.stdout, "seminit: NATS JetStream listening on %s, store %s%s\n", srv.URL(), where, extra)
 	if *metricsAddr != "" {
 		reg := newRegistry()
@@ -86,6 +116,11 @@ func runServer(ctx context.Context, e env, args []string) error {
 			return err
 		}
 		defer stop()
+	}
+	if cfg.ClusterListen != "" {
+		if leader, err := srv.WaitJetStream(ctx); err == nil {
+			fmt.Fprintf(e.stdout, "seminit: JetStream ready, meta leader %s\n", leader)
+		}
 	}
 	<-ctx.Done()
 	fmt.Fprintln(e.stdout, "seminit: shutting down")

@@ -1,44 +1,15 @@
 package embedded
 
 import (
-	"crypto/tls"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
-
-// Config configures an embedded server. The zero Config is a server on a
-// random loopback port with its store in a new temporary directory that
-// Shutdown removes.
-type Config struct {
-	// Listen is host:port; port 0 picks a free one. Default "127.0.0.1:0".
-	Listen string
-	// StoreDir holds the JetStream store. Empty: a temporary directory,
-	// removed by Shutdown.
-	StoreDir string
-	// ServerName names the server (default: a generated one).
-	ServerName string
-	// User and Password, when User is set, are the only credentials the
-	// server accepts. Default: no authentication.
-	User, Password string
-	// TLS, when set, makes the server require TLS with this configuration
-	// (URL then returns tls://host:port). A ClientAuth of
-	// tls.RequireAndVerifyClientCert also makes it require client
-	// certificates. Default: plaintext.
-	TLS *tls.Config
-	// Options, if set, is called with the server options before start
-	// (after User, Password and TLS are applied), to add other
-	// authentication, TLS settings or clustering.
-	Options func(*server.Options) error
-	// ReadyTimeout bounds the wait for the server to accept connections.
-	// Default 10s.
-	ReadyTimeout time.Duration
-}
 
 // Server is a running embedded NATS server.
 type Server struct {
@@ -46,48 +17,23 @@ type Server struct {
 	tempDir string
 }
 
-// Start starts a server and waits until it accepts connections.
+// Start starts a server and waits until it accepts connections. A cluster
+// node's JetStream may not answer yet: see WaitJetStream. Errors for a
+// Config that cannot work wrap ErrInvalidConfig.
 func Start(cfg Config) (*Server, error) {
-	if cfg.Listen == "" {
-		cfg.Listen = "127.0.0.1:0"
+	if err := cfg.resolve(); err != nil {
+		return nil, err
 	}
-	if cfg.User == "" && cfg.Password != "" {
-		return nil, errors.New("embedded: a Password needs a User")
-	}
-	host, portStr, err := net.SplitHostPort(cfg.Listen)
+	opts, err := cfg.options()
 	if err != nil {
-		return nil, fmt.Errorf("embedded: listen address %q: %w", cfg.Listen, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 0 || port > 65535 {
-		return nil, fmt.Errorf("embedded: listen port %q is not a port number", portStr)
-	}
-	if port == 0 {
-		port = server.RANDOM_PORT
+		return nil, err
 	}
 	s := &Server{}
-	if cfg.StoreDir == "" {
+	if opts.StoreDir == "" {
 		if s.tempDir, err = os.MkdirTemp("", "tokensem-nats-*"); err != nil {
 			return nil, fmt.Errorf("embedded: %w", err)
 		}
-		cfg.StoreDir = s.tempDir
-	}
-	opts := &server.Options{
-		ServerName: cfg.ServerName,
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   cfg.StoreDir,
-		NoSigs:     true,
-		NoLog:      true,
-		Username:   cfg.User,
-		Password:   cfg.Password,
-	}
-	if cfg.TLS != nil {
-		opts.TLSConfig = cfg.TLS.Clone()
-		opts.TLS = true
-		opts.TLSVerify = cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert
-		opts.TLSTimeout = 5 // seconds to complete the handshake
+		opts.StoreDir = s.tempDir
 	}
 	if cfg.Options != nil {
 		if err := cfg.Options(opts); err != nil {
@@ -98,15 +44,12 @@ func Start(cfg Config) (*Server, error) {
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		s.cleanup()
-		return nil, fmt.Errorf("embedded: %w", err)
+		// NewServer only validates the options and sets up from them.
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s.ns = ns
 	go ns.Start()
-	wait := cfg.ReadyTimeout
-	if wait <= 0 {
-		wait = 10 * time.Second
-	}
-	if !ns.ReadyForConnections(wait) {
+	if !ns.ReadyForConnections(cfg.ReadyTimeout) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 		s.cleanup()
@@ -115,12 +58,71 @@ func Start(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// WaitJetStream waits until JetStream answers on this server: at once on a
+// standalone server; on a cluster node, once a meta leader is elected (a
+// majority of the nodes must be up and routed to each other) and this node
+// has caught up with it. It returns the meta leader's server name, or
+// ctx's error. For a moment after, the leader can still refuse to place a
+// replicated stream ("no suitable peers for placement, peer offline")
+// until every node has sent it its statistics.
+func (s *Server) WaitJetStream(ctx context.Context) (leader string, err error) {
+	for {
+		if s.ns.JetStreamIsCurrent() {
+			if leader = s.MetaLeader(); leader != "" {
+				return leader, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", context.Cause(ctx)
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// MetaLeader returns the server name of the JetStream meta leader: this
+// server's own name when it is standalone, "" while a cluster has none.
+func (s *Server) MetaLeader() string {
+	if !s.ns.JetStreamIsClustered() {
+		return s.ns.Name()
+	}
+	info, err := s.ns.Jsz(nil)
+	if err != nil || info.Meta == nil {
+		return ""
+	}
+	return info.Meta.Leader
+}
+
 // URL returns the client URL, nats://host:port, or tls://host:port when
 // the server requires TLS. It never carries credentials.
 func (s *Server) URL() string { return s.ns.ClientURL() }
 
 // Addr returns the address clients connect to.
 func (s *Server) Addr() net.Addr { return s.ns.Addr() }
+
+// Name returns the server name.
+func (s *Server) Name() string { return s.ns.Name() }
+
+// ClusterURL returns nats-route://host:port, where the server accepts
+// routes from other cluster nodes, or "" when it is not a cluster node.
+func (s *Server) ClusterURL() string {
+	a := s.ns.ClusterAddr()
+	if a == nil {
+		return ""
+	}
+	return "nats-route://" + a.String()
+}
+
+// Sync returns the sync policy the server runs with (SyncAlways or
+// SyncInterval, as Options may have left it) and, under SyncInterval, its
+// period.
+func (s *Server) Sync() (SyncPolicy, time.Duration) {
+	jc := s.ns.JetStreamConfig()
+	if jc.SyncAlways {
+		return SyncAlways, 0
+	}
+	return SyncInterval, jc.SyncInterval
+}
 
 // StoreDir returns the JetStream store directory.
 func (s *Server) StoreDir() string { return s.ns.JetStreamConfig().StoreDir }
