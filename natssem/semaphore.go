@@ -49,6 +49,7 @@ type Semaphore struct {
 	codec    tokensem.Codec
 	log      *slog.Logger
 	pullSubj string
+	seeder   string // this client's id as the creator of a semaphore (Init)
 	waitPull []byte // body of a waiting pull request
 	returned *handbacks
 	slots    *slotStore // set once the bucket is found
@@ -64,7 +65,9 @@ type Semaphore struct {
 // Init creates semaphore name with permits tokens, or opens it if it already
 // exists with the same number of permits. It is idempotent and safe to run
 // from many processes at once: exactly one of them publishes the tokens, the
-// others wait for it (bounded by ctx).
+// others wait for it (bounded by ctx). A broker that does not answer for a
+// while (a cluster electing leaders or placing the new replicas) is
+// retried until ctx ends.
 //
 // Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidPermits,
 // tokensem.ErrInvalidOption, tokensem.ErrPermitMismatch (exists with another
@@ -87,10 +90,14 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 	if err != nil {
 		return nil, err
 	}
-	if err := s.createResources(ctx, permits); err != nil {
-		return nil, err
-	}
-	cfg, err := s.createConfig(ctx, permits)
+	var cfg config
+	err = s.retry(ctx, "init", func() error {
+		if err := s.createResources(ctx, permits); err != nil {
+			return err
+		}
+		cfg, err = s.createConfig(ctx, permits)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +113,8 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 }
 
 // Open opens an existing semaphore; only its name is needed, the rest is read
-// from the broker.
+// from the broker. A broker that does not answer for a while is retried
+// until ctx ends.
 //
 // Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidOption,
 // tokensem.ErrNotInitialized (no such semaphore, or Init has not finished),
@@ -123,10 +131,14 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	if err != nil {
 		return nil, err
 	}
-	if err := s.bind(ctx); err != nil {
-		return nil, err
-	}
-	cfg, _, err := s.readConfig(ctx)
+	var cfg config
+	err = s.retry(ctx, "open", func() error {
+		if err := s.bind(ctx); err != nil {
+			return err
+		}
+		cfg, _, err = s.readConfig(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +169,23 @@ func (s *Semaphore) useLease(lease time.Duration) error {
 	return nil
 }
 
+// retry runs step until it succeeds, fails for good, or ctx ends: a broker
+// that does not answer for a while (a stream electing a leader, a cluster
+// placing new replicas) is waited out, as Init and Open are idempotent.
+func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
+	pause := backoff{min: 50 * time.Millisecond, max: time.Second}
+	for {
+		err := step()
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		s.log.Warn(what+": the broker did not answer; retrying", "err", err)
+		if pause.wait(ctx, nil) != nil {
+			return err
+		}
+	}
+}
+
 func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 	if nc == nil {
 		return nil, fmt.Errorf("%w: nil NATS connection", tokensem.ErrInvalidOption)
@@ -173,6 +202,7 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		codec:    tokensem.NewCodec(o.Key),
 		log:      o.Logger.With("semaphore", name),
 		pullSubj: "$JS.API.CONSUMER.MSG.NEXT." + StreamName(name) + "." + consumerName,
+		seeder:   ids.New(),
 		returned: newHandbacks(nc),
 		waitPull: mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
 		done:     make(chan struct{}),
@@ -303,7 +333,7 @@ const seedStallTimeout = 30 * time.Second
 // createConfig makes sure the configuration exists and the tokens are
 // published exactly once, whoever else runs Init at the same time.
 func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, error) {
-	me := ids.New()
+	me := s.seeder
 	want := config{
 		Version: configVersion, Permits: permits, Lease: s.opts.Lease, Epoch: 1,
 		KeyCheck: s.codec.KeyCheck(), State: stateSeeding, Seeder: me,
@@ -331,6 +361,9 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		}
 		if cfg.State == stateReady {
 			return cfg, nil
+		}
+		if cfg.Seeder == me {
+			return s.seed(ctx, cfg, rev) // this Init's own seeding, interrupted: resume it
 		}
 		// Someone else is seeding: wait for them, or take over if they stalled.
 		if time.Since(time.UnixMilli(cfg.Created)) > seedStallTimeout {
