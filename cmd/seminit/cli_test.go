@@ -418,6 +418,8 @@ type meter struct {
 	max      int
 	enters   int
 	leaves   int
+	died     int            // children whose connection closed inside (counted in leaves)
+	entered  []time.Time    // when each enter arrived
 	slots    map[int]bool   // slots of the children inside now
 	fences   map[int]uint64 // last fence seen per slot
 	problems []string
@@ -469,7 +471,19 @@ func (m *meter) serve(c net.Conn) {
 		m.mu.Unlock()
 		_ = c.Close()
 	}()
-	slot := -1
+	slot, in := -1, false
+	defer func() {
+		// A child killed inside (exec stops its command when the permit
+		// is lost) has left when its connection closes.
+		if in {
+			m.mu.Lock()
+			m.inside--
+			m.leaves++
+			m.died++
+			delete(m.slots, slot)
+			m.mu.Unlock()
+		}
+	}()
 	sc := bufio.NewScanner(c)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -478,6 +492,7 @@ func (m *meter) serve(c net.Conn) {
 		case len(f) == 3 && f[0] == "enter":
 			m.inside++
 			m.enters++
+			m.entered = append(m.entered, time.Now())
 			m.max = max(m.max, m.inside)
 			s, err1 := strconv.Atoi(f[1])
 			fence, err2 := strconv.ParseUint(f[2], 10, 64)
@@ -494,10 +509,12 @@ func (m *meter) serve(c net.Conn) {
 				m.slots[s] = true
 				m.fences[s] = max(m.fences[s], fence)
 			}
+			in = true
 			m.waitFilled()
 		case len(f) == 1 && f[0] == "leave":
 			m.inside--
 			m.leaves++
+			in = false
 			delete(m.slots, slot)
 		default:
 			m.problems = append(m.problems, fmt.Sprintf("unknown message %q", sc.Text()))

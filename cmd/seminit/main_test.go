@@ -35,6 +35,10 @@ import (
 // child command of the contention test instead of running tests.
 const meterChildEnv = "SEMINIT_TEST_METER_CHILD"
 
+// meterHoldEnv, a duration, is how long a meter child stays inside
+// (default 30ms).
+const meterHoldEnv = "SEMINIT_TEST_METER_HOLD"
+
 var (
 	seminitBin string      // the built seminit binary
 	serverURL  string      // nats://127.0.0.1:port of the seminit server
@@ -195,7 +199,15 @@ func meterChild(addr string) int {
 	if err := say(fmt.Sprintf("enter %s %s", os.Getenv("TOKENSEM_SLOT"), os.Getenv("TOKENSEM_FENCE"))); err != nil {
 		return fail(err)
 	}
-	time.Sleep(30 * time.Millisecond)
+	hold := 30 * time.Millisecond
+	if v := os.Getenv(meterHoldEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fail(err)
+		}
+		hold = d
+	}
+	time.Sleep(hold)
 	if err := say("leave"); err != nil {
 		return fail(err)
 	}
