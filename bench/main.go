@@ -212,34 +212,53 @@ func main() {
 	}
 }
 
-// emit writes the markdown (to stdout, and with -out to DIR/bench.md) and
-// the plot (with -out, DIR/handoff.svg).
+// emit writes the markdown (to stdout, and with -out to DIR/bench.md) and,
+// with -out, the plot (DIR/handoff.svg) when the handoff scenario ran.
 func emit(cfg *config, rep *Report, stdout io.Writer) error {
 	if cfg.out == "" {
 		return WriteMarkdown(stdout, rep, "")
 	}
-	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+	return writeReport(cfg.out, rep, stdout)
+}
+
+// writeReport writes bench.md into dir (and to stdout) and handoff.svg
+// beside it when the report has handoff samples to plot; bench.md refers
+// to the picture only then.
+func writeReport(dir string, rep *Report, stdout io.Writer) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	svgPath := filepath.Join(cfg.out, "handoff.svg")
-	f, err := os.Create(svgPath)
-	if err != nil {
+	plot := ""
+	if series := handoffSeries(rep); len(series) > 0 {
+		plot = "handoff.svg"
+		if err := writeFile(filepath.Join(dir, plot), func(w io.Writer) error {
+			return WriteCDF(w, handoffTitle(rep), series, handoffMarks())
+		}); err != nil {
+			return err
+		}
+	}
+	mdPath := filepath.Join(dir, "bench.md")
+	if err := writeFile(mdPath, func(w io.Writer) error {
+		return WriteMarkdown(io.MultiWriter(w, stdout), rep, plot)
+	}); err != nil {
 		return err
 	}
-	if err := WriteCDF(f, handoffTitle(rep), handoffSeries(rep), handoffMarks()); err != nil {
-		_ = f.Close()
-		return err
+	if plot != "" {
+		fmt.Fprintf(os.Stderr, "wrote %s and %s\n", mdPath, filepath.Join(dir, plot))
+	} else {
+		fmt.Fprintf(os.Stderr, "wrote %s (no handoff plot: the handoff scenario did not run)\n", mdPath)
 	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	mdPath := filepath.Join(cfg.out, "bench.md")
-	f, err = os.Create(mdPath)
+	return nil
+}
+
+// writeFile creates path and writes it with write, buffered.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
 	w := bufio.NewWriter(f)
-	if err := WriteMarkdown(io.MultiWriter(w, stdout), rep, "handoff.svg"); err != nil {
+	if err := write(w); err != nil {
 		_ = f.Close()
 		return err
 	}
@@ -247,7 +266,6 @@ func emit(cfg *config, rep *Report, stdout io.Writer) error {
 		_ = f.Close()
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "wrote %s and %s\n", mdPath, svgPath)
 	return f.Close()
 }
 

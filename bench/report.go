@@ -343,9 +343,13 @@ func WriteMarkdown(w io.Writer, r *Report, plot string) error {
 
 	writeCore(w, r)
 	writeScale(w, r)
-	if plot != "" {
+	switch {
+	case plot != "":
 		fmt.Fprintf(w, "## Handoff latency\n\nRelease → a waiter blocked on another connection holds the permit; "+
 			"cumulative distribution per system, log time axis.\n\n![handoff latency CDF](%s)\n\n", plot)
+	case len(handoffSeries(r)) == 0:
+		fmt.Fprintf(w, "## Handoff latency\n\nNot plotted: the handoff scenario did not run in this report "+
+			"(`-scenarios` without `handoff`, or it failed on every system).\n\n")
 	}
 	writeReading(w, r)
 	writeNotes(w, r)

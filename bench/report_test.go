@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +125,76 @@ func TestWriteMarkdown(t *testing.T) {
 		} else if n != cols {
 			t.Errorf("row with %d separators under a header with %d: %s", n, cols, line)
 		}
+	}
+}
+
+// onlyScenarios returns a copy of r with the results of the named scenarios
+// alone, as a run with -scenarios would record them.
+func onlyScenarios(r *Report, scenarios ...string) *Report {
+	has := func(s string) bool { return slices.Contains(scenarios, s) }
+	out := *r
+	if !has("cycle") {
+		out.RawRTT, out.Prims = nil, nil
+	}
+	if !has("handoff") {
+		out.RawIdle, out.Idle = nil, 0
+	}
+	out.Systems = nil
+	for _, s := range r.Systems {
+		c := *s
+		if !has("cycle") {
+			c.Cycle = nil
+		}
+		if !has("contention") {
+			c.Contention = nil
+		}
+		if !has("handoff") {
+			c.Handoff, c.HandoffHot = nil, nil
+		}
+		if !has("sems") {
+			c.Sems = nil
+		}
+		if !has("waiters") {
+			c.Waiters = nil
+		}
+		if !has("bign") {
+			c.BigN = nil
+		}
+		out.Systems = append(out.Systems, &c)
+	}
+	return &out
+}
+
+// TestReportForEverySubset: -out writes bench.md for any subset of
+// scenarios, and the handoff picture only when the handoff scenario ran
+// (bench.md says so otherwise).
+func TestReportForEverySubset(t *testing.T) {
+	subsets := [][]string{{"contention", "cycle"}, allScenarios}
+	for _, s := range allScenarios {
+		subsets = append(subsets, []string{s})
+	}
+	for _, sub := range subsets {
+		t.Run(strings.Join(sub, ","), func(t *testing.T) {
+			dir := t.TempDir()
+			if err := writeReport(dir, onlyScenarios(sampleReport(), sub...), io.Discard); err != nil {
+				t.Fatalf("writeReport: %v", err)
+			}
+			md, err := os.ReadFile(filepath.Join(dir, "bench.md"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, svgErr := os.Stat(filepath.Join(dir, "handoff.svg"))
+			plotted := slices.Contains(sub, "handoff")
+			switch {
+			case plotted && svgErr != nil:
+				t.Errorf("handoff ran but no handoff.svg: %v", svgErr)
+			case plotted && !strings.Contains(string(md), "](handoff.svg)"):
+				t.Errorf("bench.md does not show handoff.svg")
+			case !plotted && svgErr == nil:
+				t.Errorf("handoff.svg written though the handoff scenario did not run")
+			case !plotted && !strings.Contains(string(md), "Not plotted: the handoff scenario did not run"):
+				t.Errorf("bench.md does not say why the handoff plot is missing")
+			}
+		})
 	}
 }
