@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 )
 
 // Acquire blocks until it holds a permit or ctx ends. Each waiter consumes
@@ -112,7 +113,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		// TryAcquire never waits: a returned duplicate went to the back of
 		// the queue, so the next get reaches the other ready tokens.
 		if retry.backoff && !noWait {
-			if err := sleepCtx(ctx, pause+rand.N(pause)); err != nil {
+			if err := backoff.Sleep(ctx, pause+rand.N(pause)); err != nil {
 				return nil, err
 			}
 			pause = min(2*pause, time.Second)
@@ -245,14 +246,3 @@ const (
 	fenceBaseHeader = "x-tokensem-fence-base"
 	fenceGenShift   = 40
 )
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}

@@ -3,24 +3,41 @@ package amqpsem
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 )
 
-// config is the semaphore's definition. It is stored as configCopies
-// identical persistent messages in the classic queue tokensem.NAME.config.
-// A reader takes one copy with basic.get and requeues it at once, so any
-// client can read it without consuming it, and a few can read at the same
-// instant. (A stream queue would also serve, but every stream holds files
-// open on the broker: a few hundred semaphores exhausted RabbitMQ's default
-// 1024 descriptors on our test machine and wedged it.)
+// config is the semaphore's definition. It lives as exactly one persistent
+// message in the quorum queue tokensem.NAME.cfg, replicated like the
+// tokens, so that the loss of any one node of a cluster loses nothing.
+//
+//   - A reader takes the message with basic.get and requeues it at once. A
+//     reader that finds the queue empty while another reader holds the
+//     message (the queue counts it as a consumer) tries again a moment
+//     later.
+//   - A writer, under the creation lock, takes the message and, in one AMQP
+//     transaction, publishes the next version and acknowledges the old one.
+//     RabbitMQ applies a transaction on one queue whole or not at all (a
+//     writer that dies before its commit leaves the old message, requeued),
+//     so the queue never holds two versions and every reader gets the
+//     current one.
+//
+// Init writes the first version with State "creating" before it creates the
+// token queue, and marks it "ready" once every token is published. A
+// configuration queue that exists but is empty, with no reader holding its
+// message and no token queue, is a creation that died between the two
+// first steps: the next Init starts it over.
 type config struct {
 	Version   int    `json:"v"`
 	Seq       int    `json:"seq"`
+	State     string `json:"state,omitempty"` // stateCreating or stateReady ("": ready, from the classic layout)
 	Permits   int    `json:"permits"`
 	Epoch     uint64 `json:"epoch"`
 	KeyCheck  string `json:"key_check,omitempty"`
@@ -35,66 +52,85 @@ type config struct {
 
 const (
 	configVersion = 1
-	// configCopies is how many readers can hold a copy at the same instant
-	// before the next one has to retry.
-	configCopies = 8
+	stateCreating = "creating"
+	stateReady    = "ready"
 )
 
-var configQueueArgs = amqp.Table{"x-queue-type": "classic"}
+func (c config) ready() bool { return c.State == stateReady || c.State == "" }
 
-// writeConfig replaces the stored configuration, under the creation lock.
-// ch must be in confirm mode.
-func (s *Semaphore) writeConfig(ctx context.Context, ch *amqp.Channel, cfg config) error {
-	b, err := json.Marshal(cfg)
+func (c config) encode() []byte {
+	b, err := json.Marshal(c)
 	if err != nil {
-		return err
+		panic(err) // a struct of strings and numbers always marshals
 	}
-	q := configQueue(s.name)
-	err = rpc(ctx, ch, func() error {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, configQueueArgs); err != nil {
-			return err
-		}
-		_, err := ch.QueuePurge(q, false)
-		return err
-	})
-	if err != nil {
-		return wrapBrokerErr("config queue of "+s.name, err)
-	}
-	pending := make([]*amqp.DeferredConfirmation, 0, configCopies)
-	for range configCopies {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b,
-		})
-		if err != nil {
-			return wrapBrokerErr("publish config", err)
-		}
-		pending = append(pending, dc)
-	}
-	return s.c.waitConfirms(ctx, pending)
+	return b
 }
 
-// readConfig reads the stored configuration. An empty config queue means
-// either that every copy is being read at this instant or that creation has
-// not finished; it is retried for a moment before the semaphore counts as
-// not initialized.
+func decodeConfig(name string, b []byte) (config, error) {
+	var c config
+	if err := json.Unmarshal(b, &c); err != nil || c.Version != configVersion || c.Permits <= 0 {
+		return config{}, fmt.Errorf("amqpsem: corrupt configuration of %s: %q", name, b)
+	}
+	return c, nil
+}
+
+// configQueueArgs are the arguments of the configuration queue: a quorum
+// queue, with the delivery limit a token queue gets (every read returns the
+// message once).
+func configQueueArgs(version string) amqp.Table { return tokenQueueArgs(Quorum, version) }
+
+// errLegacyLayout marks a semaphore made by an amqpsem that kept its
+// configuration in the classic queue tokensem.NAME.config (see migrate).
+var errLegacyLayout = errors.New("amqpsem: configuration in the classic queue of an older amqpsem")
+
+// readConfig reads the configuration of a ready semaphore: one still being
+// created, or absent, is tokensem.ErrNotInitialized.
 func (s *Semaphore) readConfig(ctx context.Context) (config, error) {
-	pause := 2 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		cfg, found, err := s.readConfigOnce(ctx)
-		if err != nil || found {
-			return cfg, err
-		}
-		if attempt == 10 {
-			return config{}, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
-		}
-		if err := sleepCtx(ctx, pause); err != nil {
+	cfg, err := s.loadConfig(ctx)
+	if errors.Is(err, errLegacyLayout) {
+		if cfg, err = s.migrate(ctx); err != nil {
 			return config{}, err
 		}
-		pause = min(2*pause, 50*time.Millisecond)
+	}
+	if err == nil && !cfg.ready() {
+		return config{}, fmt.Errorf("%w: %s is still being created", tokensem.ErrNotInitialized, s.name)
+	}
+	return cfg, err
+}
+
+// configRetry bounds how long loadConfig waits for the configuration
+// message while other readers hold it or the queue elects a leader.
+func (s *Semaphore) configRetry() time.Duration { return 2 * s.opts.RequestTimeout }
+
+// loadConfig reads the stored configuration, in whatever state. It is
+// tokensem.ErrNotInitialized when the semaphore does not exist (or its
+// creation died before anything but an empty configuration queue existed),
+// errLegacyLayout for the classic layout, and a broker error (wrapping
+// tokensem.ErrUnavailable) when the message cannot be read in time.
+func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.configRetry())
+	defer cancel()
+	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}
+	var last error
+	for {
+		cfg, found, err := s.loadConfigOnce(ctx)
+		switch {
+		case found || err != nil && !errors.Is(err, tokensem.ErrUnavailable):
+			return cfg, err
+		case err != nil:
+			last = err
+		default:
+			last = errors.New("the message is held by other readers")
+		}
+		if pause.Wait(ctx, nil) != nil {
+			return config{}, wrapBrokerErr("reading the configuration of "+s.name, last)
+		}
 	}
 }
 
-func (s *Semaphore) readConfigOnce(ctx context.Context) (cfg config, found bool, err error) {
+// loadConfigOnce tries to read the configuration once: found false and no
+// error means someone holds the message now (or the broker's counts lag).
+func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool, err error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return config{}, false, err
@@ -102,23 +138,265 @@ func (s *Semaphore) readConfigOnce(ctx context.Context) (cfg config, found bool,
 	defer ch.Close()
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	var d amqp.Delivery
-	var ok bool
+	var (
+		d  amqp.Delivery
+		ok bool
+		q  amqp.Queue
+	)
 	err = rpc(rctx, ch, func() (err error) {
-		d, ok, err = ch.Get(configQueue(s.name), false)
+		if d, ok, err = ch.Get(configQueue(s.name), false); err != nil || ok {
+			return err
+		}
+		// Empty: is the message held by a reader (a quorum queue counts
+		// the holder as a consumer), or is there none?
+		q, err = ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
 		return err
 	})
 	switch {
 	case isCode(err, amqp.NotFound):
-		return config{}, false, fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+		return config{}, false, s.noConfigQueue(ctx)
 	case err != nil:
-		return config{}, false, wrapBrokerErr("read config of "+s.name, err)
-	case !ok:
-		return config{}, false, nil
+		return config{}, false, wrapBrokerErr("reading the configuration of "+s.name, err)
+	case ok:
+		_ = d.Reject(true)
+		cfg, err := decodeConfig(s.name, d.Body)
+		return cfg, err == nil, err
+	case q.Consumers > 0:
+		return config{}, false, nil // a reader holds it: try again
 	}
-	_ = d.Reject(true)
-	if err := json.Unmarshal(d.Body, &cfg); err != nil || cfg.Version != configVersion || cfg.Permits <= 0 {
-		return config{}, false, fmt.Errorf("amqpsem: corrupt configuration of %s: %q", s.name, d.Body)
+	// Nobody holds it and nothing is there: creation died after declaring
+	// the queue, if the token queue does not exist yet. Otherwise the
+	// message must exist, and the counts lag (they do for a moment after a
+	// requeue, and while the queue elects a leader): try again.
+	exists, err := s.queueExists(ctx, QueueName(s.name))
+	switch {
+	case err != nil:
+		return config{}, false, err
+	case !exists:
+		return config{}, false, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
 	}
-	return cfg, true, nil
+	return config{}, false, nil
+}
+
+// noConfigQueue says why there is no configuration queue: no semaphore
+// (tokensem.ErrNotInitialized), the classic layout of an older amqpsem
+// (errLegacyLayout), or a classic configuration queue on a node that is
+// down (a broker error).
+func (s *Semaphore) noConfigQueue(ctx context.Context) error {
+	exists, err := s.queueExists(ctx, legacyConfigQueue(s.name))
+	switch {
+	case err != nil:
+		return err
+	case exists:
+		return errLegacyLayout
+	}
+	return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+}
+
+// queueExists reports whether queue q exists, by a passive declare. A
+// classic durable queue whose home node is down answers 404 too: that is a
+// broker error (wrapping tokensem.ErrUnavailable and naming the node), not
+// absence.
+func (s *Semaphore) queueExists(ctx context.Context, q string) (bool, error) {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer ch.Close()
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	err = rpc(rctx, ch, func() error {
+		_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		return err
+	})
+	switch {
+	case err == nil:
+		return true, nil
+	case isHomeNodeDown(err):
+		return false, wrapBrokerErr("queue "+q, err)
+	case isCode(err, amqp.NotFound):
+		return false, nil
+	}
+	return false, wrapBrokerErr("queue "+q, err)
+}
+
+// isHomeNodeDown reports whether err is RabbitMQ's 404 for a durable
+// classic queue that exists on a node that is down ("home node 'N' of
+// durable queue 'Q' in vhost 'V' is down or inaccessible"). AMQP has no
+// other code for it than 404, so its text is the only way to tell it from
+// a queue that does not exist.
+func isHomeNodeDown(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.NotFound && strings.Contains(ae.Reason, "is down or inaccessible")
+}
+
+// createConfig publishes the first configuration (State creating) into a
+// new configuration queue, under the creation lock.
+func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string) error {
+	ch, err := s.c.confirmChannel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	q := configQueue(s.name)
+	var dc *amqp.DeferredConfirmation
+	err = rpc(ctx, ch, func() (err error) {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, configQueueArgs(version)); err != nil {
+			return err
+		}
+		dc, err = ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, configMessage(cfg))
+		return err
+	})
+	if err != nil {
+		return wrapBrokerErr("creating the configuration of "+s.name, err)
+	}
+	return s.c.waitConfirms(ctx, []*amqp.DeferredConfirmation{dc})
+}
+
+func configMessage(cfg config) amqp.Publishing {
+	return amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: cfg.encode()}
+}
+
+// writeConfig replaces the stored configuration with next, under the
+// creation lock: it takes the current message and, in one transaction,
+// publishes next and acknowledges the old one.
+func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
+	ctx, cancel := context.WithTimeout(ctx, s.configRetry())
+	defer cancel()
+	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}
+	for {
+		done, err := s.writeConfigOnce(ctx, next)
+		if done || err != nil && !errors.Is(err, tokensem.ErrUnavailable) {
+			return err
+		}
+		if pause.Wait(ctx, nil) != nil {
+			if err == nil {
+				err = errors.New("the message stayed held by readers")
+			}
+			return wrapBrokerErr("writing the configuration of "+s.name, err)
+		}
+	}
+}
+
+// writeConfigOnce is one try of writeConfig: done false and no error means
+// a reader held the message.
+func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (done bool, err error) {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer ch.Close() // before a commit: rolls back, and the old message returns
+	q := configQueue(s.name)
+	err = rpc(ctx, ch, func() error {
+		d, ok, err := ch.Get(q, false)
+		if err != nil || !ok {
+			return err
+		}
+		if err := ch.Tx(); err != nil {
+			return err
+		}
+		if err := ch.PublishWithContext(ctx, "", q, true, false, configMessage(next)); err != nil {
+			return err
+		}
+		if err := d.Ack(false); err != nil {
+			return err
+		}
+		if err := ch.TxCommit(); err != nil {
+			return err
+		}
+		done = true
+		return nil
+	})
+	if err != nil {
+		return false, wrapBrokerErr("writing the configuration of "+s.name, err)
+	}
+	return done, nil
+}
+
+// legacyConfigQueue is where an older amqpsem kept the configuration: a
+// classic queue of identical copies, on one node.
+func legacyConfigQueue(name string) string { return "tokensem." + name + ".config" }
+
+// migrate moves the configuration of a semaphore made by an older amqpsem
+// from its classic queue (which lives on one node) into the replicated
+// configuration queue, under the creation lock, and returns it. The classic
+// queue is left as it was, for clients of the older version still running;
+// delete it once none is.
+func (s *Semaphore) migrate(ctx context.Context) (config, error) {
+	unlock, err := s.lock(ctx)
+	if err != nil {
+		return config{}, err
+	}
+	defer unlock()
+	return s.migrateLocked(ctx)
+}
+
+// migrateLocked is migrate under a lock the caller holds.
+func (s *Semaphore) migrateLocked(ctx context.Context) (config, error) {
+	if cfg, err := s.loadConfig(ctx); !errors.Is(err, errLegacyLayout) {
+		return cfg, err // migrated meanwhile, or gone
+	}
+	cfg, err := s.readLegacyConfig(ctx)
+	if err != nil {
+		return config{}, err
+	}
+	cfg.Seq++
+	cfg.State = stateReady
+	ch, sess, err := s.c.channel(ctx)
+	if err != nil {
+		return config{}, err
+	}
+	version := sess.version
+	_ = ch.Close()
+	if err := s.createConfig(ctx, cfg, version); err != nil {
+		return config{}, err
+	}
+	s.log.Warn("moved the configuration from the classic queue of an older amqpsem to a replicated one; delete the classic queue once no older client runs",
+		"from", legacyConfigQueue(s.name), "to", configQueue(s.name))
+	return cfg, nil
+}
+
+// readLegacyConfig reads the classic layout's configuration: it takes every
+// copy, keeps the newest and requeues them all.
+func (s *Semaphore) readLegacyConfig(ctx context.Context) (config, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.configRetry())
+	defer cancel()
+	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}
+	for {
+		ch, _, err := s.c.channel(rctx)
+		if err != nil {
+			return config{}, err
+		}
+		var newest config
+		found := false
+		err = rpc(rctx, ch, func() error {
+			for {
+				d, ok, err := ch.Get(legacyConfigQueue(s.name), false)
+				if err != nil || !ok {
+					return err
+				}
+				cfg, err := decodeConfig(s.name, d.Body)
+				if err != nil {
+					return err
+				}
+				if !found || cfg.Seq > newest.Seq {
+					newest, found = cfg, true
+				}
+			}
+		})
+		_ = ch.Close() // requeues every copy taken
+		switch {
+		case err != nil && isHomeNodeDown(err):
+			return config{}, wrapBrokerErr("the configuration of "+s.name, err)
+		case err != nil && isCode(err, amqp.NotFound):
+			return config{}, fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+		case err != nil:
+			return config{}, wrapBrokerErr("the configuration of "+s.name, err)
+		case found:
+			return newest, nil
+		}
+		if pause.Wait(rctx, nil) != nil {
+			return config{}, wrapBrokerErr("the configuration of "+s.name, errors.New("its classic queue stayed empty"))
+		}
+	}
 }

@@ -153,7 +153,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if err != nil {
 		return err
 	}
-	base, err := inv.fenceBase(ctx, ch)
+	base, err := inv.fenceBase(ctx)
 	if err != nil {
 		return err
 	}
@@ -194,8 +194,8 @@ func (inv *Inventory) publishChannel(ctx context.Context) (*amqp.Channel, error)
 
 // fenceBase returns the fence base of the tokens this run issues. The
 // first Issue of a run moves the stored fence generation on, so a reissued
-// slot's fences continue above its lost token's. ch is in confirm mode.
-func (inv *Inventory) fenceBase(ctx context.Context, ch *amqp.Channel) (uint64, error) {
+// slot's fences continue above its lost token's.
+func (inv *Inventory) fenceBase(ctx context.Context) (uint64, error) {
 	inv.mu.Lock()
 	base := inv.base
 	inv.mu.Unlock()
@@ -209,7 +209,7 @@ func (inv *Inventory) fenceBase(ctx context.Context, ch *amqp.Channel) (uint64, 
 	}
 	cfg.FenceGen++
 	cfg.Seq++
-	if err := s.writeConfig(ctx, ch, cfg); err != nil {
+	if err := s.writeConfig(ctx, cfg); err != nil {
 		return 0, err
 	}
 	s.setConfig(cfg)

@@ -13,7 +13,7 @@ import (
 // QueueName returns the token queue of semaphore name.
 func QueueName(name string) string { return "tokensem." + name }
 
-func configQueue(name string) string { return "tokensem." + name + ".config" }
+func configQueue(name string) string { return "tokensem." + name + ".cfg" }
 func lockQueue(name string) string   { return "tokensem." + name + ".lock" }
 func claimQueue(name string, index int) string {
 	return "tokensem." + name + ".claim." + strconv.Itoa(index)

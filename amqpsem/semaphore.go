@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/reconciler"
 )
@@ -61,17 +62,24 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 		return nil, err
 	}
 	defer unlock()
-	cfg, err := s.readConfig(ctx)
+	cfg, err := s.loadConfig(ctx)
+	if errors.Is(err, errLegacyLayout) {
+		cfg, err = s.migrateLocked(ctx)
+	}
 	switch {
-	case err == nil:
+	case err == nil && cfg.ready():
 		if cfg.Permits != permits {
 			return nil, fmt.Errorf("%w: %s has %d permits, not %d", tokensem.ErrPermitMismatch, name, cfg.Permits, permits)
 		}
 		if err := s.checkKey(cfg); err != nil {
 			return nil, err
 		}
+	case err == nil: // a creation that died half-way: nobody can have opened it
+		if cfg, err = s.create(ctx, permits, &cfg); err != nil {
+			return nil, err
+		}
 	case errors.Is(err, tokensem.ErrNotInitialized):
-		if cfg, err = s.create(ctx, permits); err != nil {
+		if cfg, err = s.create(ctx, permits, nil); err != nil {
 			return nil, err
 		}
 	default:
@@ -153,14 +161,9 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 	if cfg.Permits == permits {
 		return nil
 	}
-	ch, err := s.c.confirmChannel(ctx)
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
 	old := cfg.Permits
 	cfg.Permits, cfg.Seq = permits, cfg.Seq+1
-	if err := s.writeConfig(ctx, ch, cfg); err != nil {
+	if err := s.writeConfig(ctx, cfg); err != nil {
 		return err
 	}
 	s.setConfig(cfg)
@@ -220,7 +223,7 @@ func (s *Semaphore) lock(ctx context.Context) (func(), error) {
 // tryLock locks m unless ctx ends first.
 func tryLock(ctx context.Context, m *sync.Mutex) bool {
 	for !m.TryLock() {
-		if sleepCtx(ctx, 5*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 5*time.Millisecond) != nil {
 			return false
 		}
 	}
@@ -258,15 +261,28 @@ func (s *Semaphore) lockBroker(ctx context.Context) (func(), error) {
 	}
 }
 
-// create publishes the tokens and then the configuration, under the lock.
-// Without a configuration nobody can have opened the semaphore, so any
-// tokens left by a creator that died half-way are purged first.
-func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
+// create makes the semaphore, under the creation lock: first its
+// configuration, marked as being created, then the token queue and its
+// tokens, and then the configuration marked ready. Until then nobody can
+// open the semaphore, so a creation that died half-way (prev, its
+// configuration) is started over: its token queue is purged first.
+func (s *Semaphore) create(ctx context.Context, permits int, prev *config) (config, error) {
 	ch, sess, err := s.c.channel(ctx)
 	if err != nil {
 		return config{}, err
 	}
 	defer ch.Close()
+	cfg := config{Version: configVersion, Seq: 1, State: stateCreating, Permits: permits, Epoch: 1,
+		KeyCheck: s.codec.KeyCheck(), QueueType: s.opts.queueType, Created: time.Now().UnixMilli()}
+	if prev == nil {
+		err = s.createConfig(ctx, cfg, sess.version)
+	} else {
+		cfg.Seq = prev.Seq + 1
+		err = s.writeConfig(ctx, cfg)
+	}
+	if err != nil {
+		return config{}, err
+	}
 	q := QueueName(s.name)
 	err = rpc(ctx, ch, func() error {
 		if _, err := ch.QueueDeclare(q, true, false, false, false, tokenQueueArgs(s.opts.queueType, sess.version)); err != nil {
@@ -283,8 +299,6 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 	if err != nil {
 		return config{}, wrapBrokerErr("create "+q, err)
 	}
-	cfg := config{Version: configVersion, Seq: 1, Permits: permits, Epoch: 1, KeyCheck: s.codec.KeyCheck(),
-		QueueType: s.opts.queueType, Created: time.Now().UnixMilli()}
 	const batch = 1000
 	for lo := 0; lo < permits; lo += batch {
 		var pending []*amqp.DeferredConfirmation
@@ -306,7 +320,8 @@ func (s *Semaphore) create(ctx context.Context, permits int) (config, error) {
 			return config{}, err
 		}
 	}
-	if err := s.writeConfig(ctx, ch, cfg); err != nil {
+	cfg.State, cfg.Seq = stateReady, cfg.Seq+1
+	if err := s.writeConfig(ctx, cfg); err != nil {
 		return config{}, err
 	}
 	s.log.Info("semaphore created", "permits", permits, "queue_type", cfg.QueueType, "server", sess.version)

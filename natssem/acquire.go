@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/testhook"
 )
@@ -87,14 +87,14 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	timer := time.NewTimer(firstBeat)
 	defer timer.Stop()
 	var unanswered time.Time // since when pulls find no consumer (503)
-	pause := backoff{min: 20 * time.Millisecond, max: time.Second}
+	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
 	tries := 0
 	for {
 		if err := w.pull(noWait); err != nil {
 			if noWait || !transient(err) {
 				return nil, err
 			}
-			if err := pause.wait(ctx, s.done); err != nil {
+			if err := pause.Wait(ctx, s.done); err != nil {
 				return nil, err
 			}
 			continue
@@ -136,11 +136,11 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						return nil, err
 					case err != nil:
 						s.log.Warn("claim failed; waiting on", "err", err)
-						if err := pause.wait(ctx, s.done); err != nil {
+						if err := pause.Wait(ctx, s.done); err != nil {
 							return nil, err
 						}
 					default:
-						pause.reset()
+						pause.Reset()
 					}
 					tries++
 					if noWait && tries >= maxTryDeliveries {
@@ -163,7 +163,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						return nil, err
 					}
 					s.log.Debug("pull ended by the server; re-issuing it", "status", desc)
-					if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+					if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
 						return nil, err
 					}
 					break wait
@@ -184,7 +184,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						}
 						s.log.Warn("no consumer answers pulls; waiting on", "for", time.Since(unanswered).Round(time.Millisecond), "err", err)
 					}
-					if err := pause.wait(ctx, s.done); err != nil {
+					if err := pause.Wait(ctx, s.done); err != nil {
 						return nil, err
 					}
 					break wait
@@ -210,31 +210,6 @@ func transient(err error) bool {
 		!errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
 }
 
-// backoff paces retries after broker failures: jittered, doubling from min
-// to max.
-type backoff struct {
-	min, max time.Duration
-	cur      time.Duration
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-// wait sleeps the next pause, unless ctx ends (its error) or done closes
-// (tokensem.ErrClosed).
-func (b *backoff) wait(ctx context.Context, done <-chan struct{}) error {
-	b.cur = min(max(2*b.cur, b.min), b.max)
-	t := time.NewTimer(b.cur/2 + rand.N(b.cur/2+1))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-done:
-		return tokensem.ErrClosed
-	case <-t.C:
-		return nil
-	}
-}
-
 // checkWaiterQueue returns tokensem.ErrTooManyWaiters if the consumer's
 // queue of waiting pulls is full (the server then drops new pulls without a
 // word when they carry heartbeats).
@@ -255,17 +230,6 @@ func (s *Semaphore) checkWaiterQueue(ctx context.Context) error {
 func (s *Semaphore) checkConsumer(ctx context.Context) error {
 	_, err := s.consumerInfo(ctx)
 	return err
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // claim turns a delivery into a permit, or steps away from it. It returns a

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/permitstate"
 )
 
@@ -175,7 +176,7 @@ func (p *Permit) free(ctx context.Context) error {
 	rec := record{Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
 	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), p.Deadline())
 	defer cancel()
-	pause := backoff{min: 20 * time.Millisecond, max: max(20*time.Millisecond, retryEvery(p.lease))}
+	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: max(20*time.Millisecond, retryEvery(p.lease))}
 	for {
 		err := p.write(wctx, rec)
 		switch {
@@ -187,7 +188,7 @@ func (p *Permit) free(ctx context.Context) error {
 			return fmt.Errorf("release not confirmed, token returns after the lease: %w", err)
 		}
 		p.s.log.Warn("release not answered; retrying", "index", p.d.tok.Index, "err", err)
-		if pause.wait(wctx, ctx.Done()) != nil {
+		if pause.Wait(wctx, ctx.Done()) != nil {
 			return fmt.Errorf("release not confirmed, token returns after the lease: %w", err)
 		}
 	}

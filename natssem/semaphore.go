@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/reconciler"
@@ -173,14 +174,14 @@ func (s *Semaphore) useLease(lease time.Duration) error {
 // that does not answer for a while (a stream electing a leader, a cluster
 // placing new replicas) is waited out, as Init and Open are idempotent.
 func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
-	pause := backoff{min: 50 * time.Millisecond, max: time.Second}
+	pause := backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
 		err := step()
 		if err == nil || !transient(err) || ctx.Err() != nil {
 			return err
 		}
 		s.log.Warn(what+": the broker did not answer; retrying", "err", err)
-		if pause.wait(ctx, nil) != nil {
+		if pause.Wait(ctx, nil) != nil {
 			return err
 		}
 	}
@@ -438,7 +439,7 @@ func (s *Semaphore) awaitTokens(ctx context.Context, permits int) {
 		if err != nil || info.NumPending+uint64(info.NumAckPending) >= uint64(permits) {
 			return
 		}
-		if sleepCtx(ctx, 2*time.Millisecond) != nil {
+		if backoff.Sleep(ctx, 2*time.Millisecond) != nil {
 			return
 		}
 	}

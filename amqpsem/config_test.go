@@ -1,0 +1,209 @@
+package amqpsem_test
+
+import (
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/semtest"
+)
+
+// rawChannel opens a plain amqp091 channel on the test broker.
+func rawChannel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(broker.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// configMessages counts the messages of a semaphore's configuration queue
+// once nobody reads it: the broker's count lags a requeue by a few
+// milliseconds, so it polls (briefly) while the count is 0.
+func configMessages(t *testing.T, name string) int {
+	t.Helper()
+	ch := rawChannel(t)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		q, err := ch.QueueDeclarePassive("tokensem."+name+".cfg", true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Messages != 0 || time.Now().After(deadline) {
+			return q.Messages
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestConfigExistsOnce: concurrent resizes and reads leave exactly one
+// configuration message, the newest.
+func TestConfigExistsOnce(t *testing.T) {
+	n := name(t)
+	initAMQP(t, n, 2)
+	ctx := semtest.Context(t, time.Minute)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 4 {
+		s, err := amqpsem.Open(ctx, dial(t, broker.Addr, 0), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		wg.Go(func() {
+			for r := range 5 {
+				if _, err := s.Resize(ctx, 2+(i+r)%3); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := s.Status(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := configMessages(t, n); got != 1 {
+		t.Fatalf("%d configuration messages after concurrent resizes, want 1", got)
+	}
+	s, err := amqpsem.Open(ctx, dial(t, broker.Addr, 0), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	final := s.Permits()
+	if _, err := s.Resize(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	o, err := amqpsem.Open(ctx, dial(t, broker.Addr, 0), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if o.Permits() != 7 {
+		t.Fatalf("a fresh Open reads %d permits after a resize from %d to 7", o.Permits(), final)
+	}
+}
+
+// TestMigrateClassicLayout: a semaphore made by an older amqpsem keeps its
+// configuration as copies in a classic queue on one node. Open moves it to
+// the replicated configuration queue and the semaphore works; the classic
+// queue stays for older clients.
+func TestMigrateClassicLayout(t *testing.T) {
+	n := name(t)
+	ch := rawChannel(t)
+	if _, err := ch.QueueDeclare("tokensem."+n, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	codec := tokensem.NewCodec(nil)
+	for i := range 2 {
+		b, err := codec.Encode(tokensem.NewToken(n, i, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Publish("", "tokensem."+n, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy := "tokensem." + n + ".config"
+	if _, err := ch.QueueDeclare(legacy, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 3, "permits": 2, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1})
+	for range 8 {
+		if err := ch.Publish("", legacy, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: cfg}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = rawChannel(t).QueueDelete(legacy, false, false, false)
+	})
+
+	ctx := semtest.Context(t, time.Minute)
+	s, err := amqpsem.Open(ctx, dial(t, broker.Addr, 0), n)
+	if err != nil {
+		t.Fatalf("open a semaphore of the classic layout: %v", err)
+	}
+	defer s.Close()
+	if s.Permits() != 2 {
+		t.Fatalf("migrated permits = %d, want 2", s.Permits())
+	}
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := configMessages(t, n); got != 1 {
+		t.Fatalf("%d configuration messages after the migration, want 1", got)
+	}
+	q, err := rawChannel(t).QueueDeclarePassive(legacy, true, false, false, false, nil)
+	if err != nil || q.Messages != 8 {
+		t.Fatalf("classic configuration queue after the migration: %+v, %v; want it untouched (8 copies)", q, err)
+	}
+	// Init of the same semaphore sees it as it is.
+	if _, err := amqpsem.Init(ctx, dial(t, broker.Addr, 0), n, 2); err != nil {
+		t.Fatalf("init after the migration: %v", err)
+	}
+}
+
+// TestInitResumesDeadCreation: a creator died after writing the
+// configuration as "creating" and some tokens. Open refuses the semaphore;
+// the next Init starts the creation over and leaves exactly N tokens.
+func TestInitResumesDeadCreation(t *testing.T) {
+	n := name(t)
+	ch := rawChannel(t)
+	cfgQ := "tokensem." + n + ".cfg"
+	if _, err := ch.QueueDeclare(cfgQ, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 1, "state": "creating", "permits": 5, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1})
+	if err := ch.Publish("", cfgQ, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("tokensem."+n, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := tokensem.NewCodec(nil).Encode(tokensem.NewToken(n, 0, 1))
+	if err := ch.Publish("", "tokensem."+n, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b}); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx := semtest.Context(t, time.Minute)
+	if _, err := amqpsem.Open(ctx, dial(t, broker.Addr, 0), n); !errors.Is(err, tokensem.ErrNotInitialized) {
+		t.Fatalf("open of a creation that died: %v, want ErrNotInitialized", err)
+	}
+	s, err := amqpsem.Init(ctx, dial(t, broker.Addr, 0), n, 3)
+	if err != nil {
+		t.Fatalf("init over a creation that died: %v", err)
+	}
+	defer s.Close()
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Permits != 3 || st.Tokens != 3 || !st.Healthy {
+		t.Fatalf("status after Init resumed a dead creation: %+v", st)
+	}
+	if got := configMessages(t, n); got != 1 {
+		t.Fatalf("%d configuration messages, want 1", got)
+	}
+}
