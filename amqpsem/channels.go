@@ -14,14 +14,50 @@ type pooledChannel struct {
 	ch     *amqp.Channel
 	sess   *session
 	closed chan struct{} // closed when the channel closes
-	mu     sync.Mutex
-	err    *amqp.Error
+	// claimCancelled hears the broker cancel this channel's slot claim
+	// (its claim queue's node went away; see Permit.reclaim).
+	claimCancelled chan struct{}
+	mu             sync.Mutex
+	err            *amqp.Error
 }
 
 func (pc *pooledChannel) closeErr() *amqp.Error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	return pc.err
+}
+
+// watch follows the channel until it closes: it records why, and passes on
+// the broker's cancellation of the slot claim. amqp091 sends both
+// notifications synchronously from its reader (a notification nobody
+// takes would stall the connection) and closes both channels when the
+// channel closes.
+func (pc *pooledChannel) watch(closes chan *amqp.Error, cancels chan string) {
+	for {
+		select {
+		case tag, ok := <-cancels:
+			if !ok {
+				cancels = nil
+				continue
+			}
+			if tag == claimTag {
+				select {
+				case pc.claimCancelled <- struct{}{}:
+				default:
+				}
+			}
+		case e := <-closes:
+			pc.mu.Lock()
+			pc.err = e
+			pc.mu.Unlock()
+			close(pc.closed)
+			if cancels != nil {
+				for range cancels { // until amqp091 closes it
+				}
+			}
+			return
+		}
+	}
 }
 
 // maxIdleChannels bounds the channels a semaphore keeps for reuse.
@@ -47,15 +83,8 @@ func (s *Semaphore) channel(ctx context.Context) (*pooledChannel, error) {
 		_ = ch.Close()
 		return nil, errRetry{backoff: true}
 	}
-	pc := &pooledChannel{ch: ch, sess: sess, closed: make(chan struct{})}
-	notify := ch.NotifyClose(make(chan *amqp.Error, 1))
-	go func() {
-		e := <-notify // amqp091 closes notify when the channel closes
-		pc.mu.Lock()
-		pc.err = e
-		pc.mu.Unlock()
-		close(pc.closed)
-	}()
+	pc := &pooledChannel{ch: ch, sess: sess, closed: make(chan struct{}), claimCancelled: make(chan struct{}, 1)}
+	go pc.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	return pc, nil
 }
 

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -38,7 +40,8 @@ type Inventory struct {
 	ch   *amqp.Channel // holds the ready tokens of the latest census
 	pub  *amqp.Channel // confirm-mode channel the run issues tokens on
 	cfg  config
-	base uint64 // fence base of the tokens this run issues; 0 until the first
+	at   time.Time // when the latest census looked up the claims
+	base uint64    // fence base of the tokens this run issues; 0 until the first
 }
 
 // Inventory returns the semaphore's inventory for the reconciler.
@@ -107,6 +110,9 @@ func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
 	for i, d := range ds {
 		bodies[i] = d.Body
 	}
+	inv.mu.Lock()
+	inv.at = time.Now()
+	inv.mu.Unlock()
 	held, err := s.readClaims(ctx, s.unaccounted(bodies, cfg))
 	if err != nil {
 		return reconciler.Census{}, err
@@ -136,11 +142,21 @@ func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
 	return ch.Ack(tag, false)
 }
 
+// claimSettle is how long after a census Issue looks up a missing slot's
+// claim again before it issues a token. A holder whose claim queue went
+// away with its node (the token queue and the holder's own connection
+// fine) is told by the broker within milliseconds and claims again at once
+// (see Permit.reclaim); a census in that moment sees the slot neither ready
+// nor claimed.
+const claimSettle = time.Second
+
 // Issue publishes a token for index, with a publisher confirm. Call it only
-// for a slot the latest census, taken under Lock, proved absent.
+// for a slot the latest census, taken under Lock, proved absent. It looks
+// the slot's claim up once more, claimSettle after the census, and returns
+// reconciler.ErrConflict if the slot is claimed by then.
 func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	inv.mu.Lock()
-	cfg := inv.cfg
+	cfg, at := inv.cfg, inv.at
 	inv.mu.Unlock()
 	if cfg.Permits == 0 {
 		return errors.New("amqpsem: Issue before Census")
@@ -149,6 +165,15 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 		return fmt.Errorf("amqpsem: slot %d outside [0, %d)", index, cfg.Permits)
 	}
 	s := inv.s
+	if err := backoff.Sleep(ctx, time.Until(at.Add(claimSettle))); err != nil {
+		return err
+	}
+	switch held, err := s.readClaims(ctx, []int{index}); {
+	case err != nil:
+		return err
+	case len(held) > 0:
+		return reconciler.ErrConflict // claimed again since the census
+	}
 	ch, err := inv.publishChannel(ctx)
 	if err != nil {
 		return err

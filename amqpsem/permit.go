@@ -35,6 +35,10 @@ type Permit struct {
 }
 
 func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.Token) *Permit {
+	select {
+	case <-pc.claimCancelled: // of an earlier claim on this channel
+	default:
+	}
 	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d),
 		life: permitstate.New(s.opts.Observer, s.name, s.Permits()), stop: make(chan struct{}), exited: make(chan struct{})}
 	go p.run()
@@ -46,16 +50,41 @@ func (p *Permit) run() {
 	defer close(p.exited)
 	hold := time.NewTimer(p.s.opts.maxHold)
 	defer hold.Stop()
-	select {
-	case <-p.stop:
-	case <-p.pc.closed:
-		p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %v", p.pc.closeErr()))
-	case <-p.pc.sess.lost:
-		p.lose(errors.New("amqpsem: connection lost, token requeued"))
-	case <-hold.C:
-		p.giveBack()
-		p.lose(errMaxHold)
+	for {
+		select {
+		case <-p.stop:
+		case <-p.pc.closed:
+			p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %v", p.pc.closeErr()))
+		case <-p.pc.sess.lost:
+			p.lose(errors.New("amqpsem: connection lost, token requeued"))
+		case <-hold.C:
+			p.giveBack()
+			p.lose(errMaxHold)
+		case <-p.pc.claimCancelled:
+			if err := p.reclaim(); err != nil {
+				_ = p.pc.ch.Close() // the token goes back
+				p.lose(fmt.Errorf("amqpsem: slot claim lost with its queue's node and not regained: %w", err))
+				return
+			}
+			continue
+		}
+		return
 	}
+}
+
+// reclaim claims the slot again after the broker cancelled the claim: a
+// claim queue lives on one node (the one it was first declared through),
+// and when that node goes away the queue goes with it, while the token
+// queue (replicated) and this holder's connection (to another node) are
+// fine. The holder declares the claim queue again, now on its own node,
+// and consumes it exclusively. The slot was unclaimed for that moment; a
+// second token of the slot could claim it only if a reconciler issued one
+// meanwhile, and a reconciler checks a missing slot's claim again after
+// claimSettle before it issues one.
+func (p *Permit) reclaim() error {
+	p.s.log.Warn("slot claim cancelled by the broker (its queue's node went away); claiming again", "index", p.tok.Index)
+	p.s.forgetClaim(p.tok.Index)
+	return p.s.claimSlot(p.pc, p.tok.Index)
 }
 
 // Token returns the held token.

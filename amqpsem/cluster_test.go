@@ -1,0 +1,105 @@
+package amqpsem_test
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+// dialNode connects to the cluster through node first, failing over to the
+// others.
+func dialNode(t *testing.T, c *rabbittest.Cluster, node string) *amqpsem.Conn {
+	t.Helper()
+	conn, err := amqpsem.Dial(semtest.Context(t, 30*time.Second), c.URLsFrom(node), amqpsem.WithHeartbeat(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// TestClusterClaimSurvivesNodeLoss: a slot's claim queue lives on the node
+// it was first declared through. When that node dies, the broker drops the
+// queue and cancels the claim of a holder connected elsewhere, whose token
+// (in the replicated token queue) and connection are fine. The holder must
+// keep its permit and claim the slot again, so that a reconcile sees the
+// slot held and issues no second token for it.
+func TestClusterClaimSurvivesNodeLoss(t *testing.T) {
+	c := rabbittest.NeedCluster(t)
+	ctx := semtest.Context(t, 2*time.Minute)
+	n := name(t)
+	// Made through tsa: the configuration and token queues are led there.
+	viaA, err := amqpsem.Init(ctx, dialNode(t, c, "tsa"), n, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaA.Close()
+	p, err := viaA.Acquire(ctx) // declares slot 0's claim queue on tsa
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	viaB, err := amqpsem.Open(ctx, dialNode(t, c, "tsb"), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaB.Close()
+	held, err := viaB.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := c.Kill("tsa"); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := amqp.Dial(c.URL("tsc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	claimQ := "tokensem." + n + ".claim.0"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ch, err := raw.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := ch.QueueDeclarePassive(claimQ, false, false, false, false, nil)
+		_ = ch.Close()
+		if err == nil && q.Consumers == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot 0 not claimed again after its claim queue's node died: %+v, %v", q, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case <-held.Done():
+		t.Fatalf("the holder on tsb lost its permit with tsa: %v", held.Err())
+	default:
+	}
+	viaC, err := amqpsem.Open(ctx, dialNode(t, c, "tsc"), n)
+	if err != nil {
+		t.Fatalf("open through tsc with tsa down: %v", err)
+	}
+	defer viaC.Close()
+	rep, err := reconciler.Run(ctx, viaC.Inventory(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Issued != 0 || len(rep.Missing) != 0 {
+		t.Fatalf("reconcile with the slot claimed again: %+v; want nothing missing or issued", rep)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("release through tsb: %v", err)
+	}
+}
