@@ -81,7 +81,10 @@ func (c *Cluster) URLsFrom(node string) string {
 }
 
 // Kill SIGKILLs the nodes and returns once they are gone.
-func (c *Cluster) Kill(nodes ...string) error { _, err := c.run(append([]string{"kill"}, nodes...)...); return err }
+func (c *Cluster) Kill(nodes ...string) error {
+	_, err := c.run(append([]string{"kill"}, nodes...)...)
+	return err
+}
 
 // Start starts those of the nodes that are stopped or killed, on their
 // data, and returns once they accept AMQP.
