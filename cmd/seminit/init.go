@@ -78,5 +78,8 @@ func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string
 	for _, h := range st.Holders {
 		fmt.Fprintf(e.stdout, "  slot %d held by %s (renewed %s)\n", h.Index, h.Owner, h.Since.Format(time.RFC3339))
 	}
+	for _, w := range st.Warnings {
+		fmt.Fprintf(e.stdout, "  warning: %s\n", w)
+	}
 	return nil
 }

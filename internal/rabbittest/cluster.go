@@ -86,6 +86,12 @@ func (c *Cluster) Kill(nodes ...string) error {
 	return err
 }
 
+// Stop stops the nodes gracefully (rabbitmqctl stop).
+func (c *Cluster) Stop(nodes ...string) error {
+	_, err := c.run(append([]string{"stop"}, nodes...)...)
+	return err
+}
+
 // Start starts those of the nodes that are stopped or killed, on their
 // data, and returns once they accept AMQP.
 func (c *Cluster) Start(nodes ...string) error {

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem/internal/rabbittest"
+)
+
+// amqpVia is the RabbitMQ cluster reached through node first, failing over
+// to the others (as a client listing the cluster's nodes would).
+func amqpVia(c *rabbittest.Cluster, node string) broker {
+	b := brokers()[1]
+	b.url = c.URLsFrom(node)
+	return b
+}
+
+// amqpNodeLoss runs issue 17's RabbitMQ scenario on the cluster of
+// .ci/rabbitmq-cluster.sh: a semaphore of permits created through tsa (so
+// tsa leads its configuration and token queues), perNode exec workers
+// through each node, each holding hold; victim is SIGKILLed killAfter the
+// workers' start and restarted downFor later.
+func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killAfter, downFor time.Duration) nodeLossResult {
+	c := rabbittest.NeedCluster(t)
+	name := uniqueName(t)
+	amqpVia(c, "tsa").mustInit(t, name, permits)
+	m := startMeter(t, permits)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type worker struct {
+		node int
+		p    *proc
+	}
+	var workers []worker
+	start := time.Now()
+	for range perNode {
+		for i, node := range rabbittest.Nodes {
+			env := amqpVia(c, node).env(meterChildEnv+"="+m.l.Addr().String(), meterHoldEnv+"="+hold.String(),
+				"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+			workers = append(workers, worker{i, startSeminit(t, env, "exec", "--name", name, "--wait", "120s", "--", self)})
+		}
+	}
+	time.Sleep(killAfter)
+	killed := time.Now()
+	if err := c.Kill(victim); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%v after the start: SIGKILLed %s", time.Since(start).Round(time.Millisecond), victim)
+	time.Sleep(downFor)
+	if err := c.Start(victim); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%v after the start: %s back", time.Since(start).Round(time.Millisecond), victim)
+
+	res := nodeLossResult{codes: map[int][]int{}, meter: m, killed: killed}
+	for i, n := range rabbittest.Nodes {
+		if n == victim {
+			res.victim = i
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			r := w.p.wait(150 * time.Second)
+			mu.Lock()
+			res.codes[w.node] = append(res.codes[w.node], r.code)
+			mu.Unlock()
+			if r.code != exitOK {
+				t.Logf("worker through %s: %v", rabbittest.Nodes[w.node], r)
+			}
+		})
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+
+	// Afterwards: a permit through each node alone, and once a reconcile
+	// has repaired what the loss left, exactly permits token messages,
+	// none unacknowledged.
+	for _, node := range rabbittest.Nodes {
+		only := brokers()[1]
+		only.url = c.URL(node)
+		if r := only.seminit(t, "exec", "--name", name, "--wait", "30s", "--", "true"); r.code != exitOK {
+			t.Errorf("a permit through %s alone after the run: %v", node, r)
+		}
+	}
+	via := amqpVia(c, "tsb")
+	if r := via.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK {
+		t.Errorf("reconcile --repair after the run: %v", r)
+	}
+	// RabbitMQ 3.10 can keep the token of a holder on the lost node checked
+	// out to a consumer that no longer exists, until the queue's leader
+	// restarts (rabbitmq-server's open issue; the reconcile above issued a
+	// replacement meanwhile). Restart the leader then, and repair again:
+	// the returned copy is a duplicate.
+	msgs, unacked := tokenQueueCounts(t, c, name, func(msgs, unacked int) bool { return unacked == 0 || msgs > permits })
+	if unacked > 0 {
+		leader, err := c.Leader("tokensem." + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("after the run: the token queue holds %d messages, %d unacknowledged for consumers that are gone; restarting its leader %s", msgs, unacked, leader)
+		r := via.seminit(t, "status", "--name", name)
+		t.Logf("status meanwhile: %v", r)
+		if err := c.Stop(leader); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(leader); err != nil {
+			t.Fatal(err)
+		}
+		if r := via.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK {
+			t.Errorf("reconcile --repair after the leader's restart: %v", r)
+		}
+	}
+	if msgs, unacked := tokenQueueCounts(t, c, name, func(msgs, unacked int) bool { return msgs == permits && unacked == 0 }); msgs != permits || unacked != 0 {
+		t.Errorf("token queue after the repair: %d messages, %d unacknowledged; want %d and 0", msgs, unacked, permits)
+	}
+	if r := via.seminit(t, "status", "--name", name); r.code != exitOK ||
+		!strings.Contains(r.stdout, fmt.Sprintf("tokens %d, available %d, held 0,", permits, permits)) {
+		t.Errorf("status after the run: %v", r)
+	}
+	return res
+}
+
+// TestNodeLossAMQPLeader: 12 exec workers, 4 through each node of a 3-node
+// RabbitMQ cluster (each listing its node first), on a semaphore of 3
+// permits created through tsa, each holding 2 s; tsa - leader of the
+// configuration and token queues, and home of claim queues - is SIGKILLed
+// 3 s in and restarted 10 s later. Workers through tsb and tsc all finish
+// (0); those through tsa lose a permit they held (70) or fail over and
+// finish (0); nobody is told the semaphore is not initialized.
+func TestNodeLossAMQPLeader(t *testing.T) {
+	amqpNodeLoss(t, "tsa", 3, 4, 2*time.Second, 3*time.Second, 10*time.Second).check(t, 3, true)
+}
+
+// TestNodeLossAMQPIdle kills tsc, which leads no queue of the semaphore
+// (claim queues first declared through it die with it, and their holders
+// claim again): workers through tsc may lose a permit they held, the
+// others may not.
+func TestNodeLossAMQPIdle(t *testing.T) {
+	res := amqpNodeLoss(t, "tsc", 3, 3, time.Second, 2*time.Second, 5*time.Second)
+	res.check(t, 3, true)
+	for node, codes := range res.codes {
+		for _, code := range codes {
+			if node != res.victim && code != exitOK {
+				t.Errorf("a worker through %s (the killed node is %s) exited %d", rabbittest.Nodes[node], rabbittest.Nodes[res.victim], code)
+			}
+		}
+	}
+}
+
+// tokenQueueCounts polls the broker's counts of a semaphore's token queue
+// (list_queues reads metrics emitted every 5 s) until done accepts them or
+// 30 s pass, and returns the last ones.
+func tokenQueueCounts(t *testing.T, c *rabbittest.Cluster, name string, done func(msgs, unacked int) bool) (msgs, unacked int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := c.Ctl("tsb", "-q", "list_queues", "name", "messages", "messages_unacknowledged")
+		if err != nil {
+			t.Logf("list_queues: %v", err)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) == 3 && f[0] == "tokensem."+name {
+				msgs, _ = strconv.Atoi(f[1])
+				unacked, _ = strconv.Atoi(f[2])
+			}
+		}
+		if done(msgs, unacked) || time.Now().After(deadline) {
+			return msgs, unacked
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
