@@ -309,3 +309,55 @@ func waitJetStream(t *testing.T, nc *nats.Conn) {
 		}
 	}
 }
+
+// TestChaosAMQPCluster: workers on the 3-node RabbitMQ cluster of
+// .ci/rabbitmq-cluster.sh, spread over its nodes (each lists its node first
+// and fails over to the others); holders are killed and frozen, and the
+// node leading the token queue is SIGKILLed and later restarted. The
+// semaphore is made through tsa, which therefore also leads its
+// configuration queue at first. A node's loss may free the slots of the
+// holders connected to it as they learn it (both follow from the same
+// broken connections), so it is charged to every hold; the checker verifies
+// that no slot is ever held twice beyond what the faults allow, and one
+// reconcile at the end must leave N usable tokens.
+func TestChaosAMQPCluster(t *testing.T) {
+	p := chosenProfile(t)
+	c := rabbittest.NeedCluster(t)
+	conn, err := amqpsem.Dial(semtest.Context(t, time.Minute), c.URLsFrom("tsa"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	name := "chaos-cluster-" + tokensem.NewToken("x", 0, 0).ID[:8]
+	sem, err := amqpsem.Init(semtest.Context(t, time.Minute), conn, name, p.permits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+
+	r := newRun(t, p, "amqp-cluster", "amqp", name, func(pos int) string {
+		return c.URLsFrom(rabbittest.Nodes[pos%len(rabbittest.Nodes)])
+	})
+	r.inject(map[string]func(){
+		"kill":   r.kill,
+		"freeze": func() { r.freeze(4 * time.Second) },
+		"node-loss": func() {
+			leader, err := c.Leader(amqpsem.QueueName(name))
+			if err != nil {
+				t.Fatalf("token queue leader: %v", err)
+			}
+			f := fault{worker: -1, kind: "node-loss", begin: now()}
+			if err := c.Kill(leader); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Second)
+			if err := c.Start(leader); err != nil {
+				t.Fatalf("restart %s: %v", leader, err)
+			}
+			f.end = now()
+			r.record(f)
+		},
+	})
+	settle(t, r, sem, sem.Inventory())
+	r.verdict(5 * time.Second)
+}

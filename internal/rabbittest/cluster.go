@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -26,8 +27,29 @@ type Cluster struct {
 // Nodes are the cluster's node names, in URL order.
 var Nodes = []string{"tsa", "tsb", "tsc"}
 
-// clusterMu serializes the tests that stop nodes of the one cluster.
+// clusterMu serializes the tests of this process that stop nodes of the
+// one cluster; lockCluster serializes them across the test binaries that
+// go test runs at once.
 var clusterMu sync.Mutex
+
+// lockCluster takes an exclusive lock on a file beside the cluster's data
+// (flock: released by the kernel if the process dies) and returns its
+// release.
+func lockCluster() (func(), error) {
+	dir := os.Getenv("TOKENSEM_RMQ_CLUSTER_DIR")
+	if dir == "" {
+		dir = "/tmp/tokensem-rmq-cluster"
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "tests.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); _ = f.Close() }, nil
+}
 
 // NeedCluster returns the cluster of $RABBITMQ_CLUSTER_URLS and holds it
 // for t alone until t ends (tests that kill its nodes must not overlap).
@@ -48,11 +70,17 @@ func NeedCluster(t testing.TB) *Cluster {
 	_, file, _, _ := runtime.Caller(0)
 	c := &Cluster{URLs: urls, script: filepath.Join(filepath.Dir(file), "..", "..", ".ci", "rabbitmq-cluster.sh")}
 	clusterMu.Lock()
+	unlock, err := lockCluster()
+	if err != nil {
+		clusterMu.Unlock()
+		t.Fatalf("lock the RabbitMQ cluster: %v", err)
+	}
 	t.Cleanup(func() {
 		// Leave every node running for the next test.
 		if err := c.Start(Nodes...); err != nil {
 			t.Errorf("restart the cluster's nodes: %v", err)
 		}
+		unlock()
 		clusterMu.Unlock()
 	})
 	return c
