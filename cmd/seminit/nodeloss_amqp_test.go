@@ -92,36 +92,7 @@ func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killA
 		}
 	}
 	via := amqpVia(c, "tsb")
-	if r := via.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK {
-		t.Errorf("reconcile --repair after the run: %v", r)
-	}
-	// RabbitMQ 3.10 can keep the token of a holder on the lost node checked
-	// out to a consumer that no longer exists, until the queue's leader
-	// restarts (rabbitmq-server's open issue; the reconcile above issued a
-	// replacement meanwhile). Restart the leader then, and repair again:
-	// the returned copy is a duplicate.
-	msgs, unacked := tokenQueueCounts(t, c, name, func(msgs, unacked int) bool { return unacked == 0 || msgs > permits })
-	if unacked > 0 {
-		leader, err := c.Leader("tokensem." + name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("after the run: the token queue holds %d messages, %d unacknowledged for consumers that are gone; restarting its leader %s", msgs, unacked, leader)
-		r := via.seminit(t, "status", "--name", name)
-		t.Logf("status meanwhile: %v", r)
-		if err := c.Stop(leader); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Start(leader); err != nil {
-			t.Fatal(err)
-		}
-		if r := via.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK {
-			t.Errorf("reconcile --repair after the leader's restart: %v", r)
-		}
-	}
-	if msgs, unacked := tokenQueueCounts(t, c, name, func(msgs, unacked int) bool { return msgs == permits && unacked == 0 }); msgs != permits || unacked != 0 {
-		t.Errorf("token queue after the repair: %d messages, %d unacknowledged; want %d and 0", msgs, unacked, permits)
-	}
+	settleTokens(t, c, via, name, permits)
 	if r := via.seminit(t, "status", "--name", name); r.code != exitOK ||
 		!strings.Contains(r.stdout, fmt.Sprintf("tokens %d, available %d, held 0,", permits, permits)) {
 		t.Errorf("status after the run: %v", r)
@@ -156,26 +127,60 @@ func TestNodeLossAMQPIdle(t *testing.T) {
 	}
 }
 
-// tokenQueueCounts polls the broker's counts of a semaphore's token queue
-// (list_queues reads metrics emitted every 5 s) until done accepts them or
-// 30 s pass, and returns the last ones.
-func tokenQueueCounts(t *testing.T, c *rabbittest.Cluster, name string, done func(msgs, unacked int) bool) (msgs, unacked int) {
+// settleTokens repairs the semaphore until the broker holds exactly
+// permits token messages, none unacknowledged. RabbitMQ 3.10 can keep the
+// token of a holder on a lost node checked out to a consumer that no longer
+// exists, until the queue's leader restarts (rabbitmq-server's open issue):
+// a repair issues a replacement meanwhile, and after the leader's restart
+// the returned copy is a duplicate the next repair removes. list_queues
+// reads metrics emitted every 5 s, so each round waits for fresh ones.
+func settleTokens(t *testing.T, c *rabbittest.Cluster, via broker, name string, permits int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, err := c.Ctl("tsb", "-q", "list_queues", "name", "messages", "messages_unacknowledged")
+	for round := 1; ; round++ {
+		if r := via.seminit(t, "reconcile", "--name", name, "--repair"); r.code != exitOK {
+			t.Errorf("reconcile --repair (round %d): %v", round, r)
+		}
+		time.Sleep(6 * time.Second)
+		msgs, unacked := tokenQueueCounts(t, c, name)
+		if msgs == permits && unacked == 0 {
+			return
+		}
+		if round == 3 {
+			t.Errorf("token queue after %d repairs: %d messages, %d unacknowledged; want %d and 0", round, msgs, unacked, permits)
+			return
+		}
+		if unacked == 0 {
+			continue
+		}
+		leader, err := c.Leader("tokensem." + name)
 		if err != nil {
-			t.Logf("list_queues: %v", err)
+			t.Fatal(err)
 		}
-		for _, line := range strings.Split(out, "\n") {
-			if f := strings.Fields(line); len(f) == 3 && f[0] == "tokensem."+name {
-				msgs, _ = strconv.Atoi(f[1])
-				unacked, _ = strconv.Atoi(f[2])
-			}
+		r := via.seminit(t, "status", "--name", name)
+		t.Logf("round %d: the token queue holds %d messages, %d unacknowledged for consumers that are gone; status says: %s; restarting the queue's leader %s",
+			round, msgs, unacked, r.stdout, leader)
+		if err := c.Stop(leader); err != nil {
+			t.Fatal(err)
 		}
-		if done(msgs, unacked) || time.Now().After(deadline) {
-			return msgs, unacked
+		if err := c.Start(leader); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// tokenQueueCounts returns the broker's counts of a semaphore's token
+// queue: messages and unacknowledged messages.
+func tokenQueueCounts(t *testing.T, c *rabbittest.Cluster, name string) (msgs, unacked int) {
+	t.Helper()
+	out, err := c.Ctl("tsb", "-q", "list_queues", "name", "messages", "messages_unacknowledged")
+	if err != nil {
+		t.Fatalf("list_queues: %v", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "tokensem."+name {
+			msgs, _ = strconv.Atoi(f[1])
+			unacked, _ = strconv.Atoi(f[2])
+		}
+	}
+	return msgs, unacked
 }
