@@ -4,12 +4,20 @@
 //   - the durable queue tokensem.NAME (quorum by default, classic as an
 //     option) holding one persistent token message per permit, published
 //     with publisher confirms;
-//   - the classic queue tokensem.NAME.config holding its configuration
-//     (permits, epoch, signing-key check) as a few identical copies; any
-//     client reads one with basic.get and requeues it at once, so Open needs
-//     only the name;
+//   - the quorum queue tokensem.NAME.cfg holding its configuration (permits,
+//     epoch, signing-key check) as exactly one message: a reader takes it
+//     with basic.get and requeues it at once, so Open needs only the name; a
+//     writer (under the creation lock) replaces it in one AMQP transaction
+//     (publish the next version, ack the old), which RabbitMQ applies whole
+//     or not at all;
 //   - one classic claim queue tokensem.NAME.claim.I per slot that has ever
-//     been held, created on first use.
+//     been held, created on first use, and the exclusive queue
+//     tokensem.NAME.lock while an Init, a resize or a reconcile runs.
+//
+// Semaphores made by an older amqpsem, which kept the configuration as
+// copies in the classic queue tokensem.NAME.config, are moved to the quorum
+// queue by the first Open or Init (the classic queue is left for older
+// clients; delete it once none runs).
 //
 // # Protocol
 //
@@ -47,15 +55,45 @@
 // version and disables the limit on 4.x; on 3.x it sets nothing, because
 // there the disabling values drop a token on its first return.
 //
+// # Clusters
+//
+// Dial takes a comma-separated list of the nodes' URLs; the connection
+// fails over to the next node when one goes away. Losing one node of three
+// loses the connections to it and nothing else:
+//   - permits held through the lost node are lost (Done closes at once: the
+//     connection broke), and their tokens return once the token queue has
+//     a leader again (under a second, measured on 3.10.8), unless the
+//     broker keeps them for consumers that are gone (below);
+//   - callers waiting through the lost node go on waiting through another;
+//   - the token and configuration queues are quorum queues and keep
+//     working through an election (a basic.get during one fails with 541,
+//     which closes the connection; it is retried on the next one);
+//   - a claim queue lives on the node it was first declared through and
+//     dies with it; the broker cancels the claim of a holder connected
+//     elsewhere, which claims the slot again at once (and a reconcile looks
+//     a missing slot's claim up again a second after its census before it
+//     issues a token).
+//
+// RabbitMQ 3.10 can keep the token of a holder on a lost node checked out
+// to a consumer that no longer exists, until the token queue's leader
+// restarts (rabbitmq-server's open issue "Quorum queue accumulates orphaned
+// unacked messages after leader election"). AMQP shows no count of
+// unacknowledged messages; Status warns when the queue counts consumers that
+// neither hold a permit nor take the ready tokens, and a reconcile issues a
+// replacement for the missing slot meanwhile, and removes the copy as a
+// duplicate once it returns. To release the orphans, restart the node that
+// leads the token queue (rabbitmq-queues quorum_status names it).
+//
 // # Connections, TLS and credentials
 //
-// Dial takes amqp:// or amqps:// URLs with credentials in the URL. For
-// amqps://, WithTLS sets the TLS configuration (default: the system's roots
-// and the URL's host, or amqp091's cacertfile/certfile/keyfile URL
-// parameters). A refused login wraps ErrAuth, a failed TLS handshake
+// Dial takes amqp:// or amqps:// URLs (or a list of them) with credentials
+// in the URL. For amqps://, WithTLS sets the TLS configuration (default:
+// the system's roots and the URL's host, or amqp091's
+// cacertfile/certfile/keyfile URL parameters). A refused login wraps ErrAuth, a failed TLS handshake
 // ErrTLS, a broker that cannot be reached ErrUnreachable, and a publish
 // that waited while the broker blocked publishers (a memory or disk alarm)
-// ErrBlocked, with the broker's reason.
+// ErrBlocked, with the broker's reason. Every broker failure, ErrUnreachable
+// and ErrBlocked among them, matches tokensem.ErrUnavailable.
 //
 // # Limits
 //
