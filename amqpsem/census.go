@@ -21,12 +21,22 @@ import (
 // declare shows one consumer). Above fullClaimCensus permits only the slots
 // without a ready token are looked up, so a ready copy of a held slot shows
 // as a duplicate only once the holder releases; the claim refuses it
-// meanwhile. A token being claimed at the very moment of the census is seen
+// meanwhile. A broker that fails for a while (an election) is retried until
+// ctx ends. A token being claimed at the very moment of the census is seen
 // neither ready nor held, so it may show as missing for that one census.
 //
 // Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
 // broker error.
-func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
+func (s *Semaphore) Status(ctx context.Context) (st tokensem.Status, err error) {
+	err = s.retry(ctx, "status", func() error {
+		st, err = s.status(ctx)
+		return err
+	})
+	return st, err
+}
+
+// status is one try of Status.
+func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	if s.isClosed() {
 		return tokensem.Status{}, tokensem.ErrClosed
 	}

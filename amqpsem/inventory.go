@@ -84,7 +84,18 @@ func (inv *Inventory) release() {
 
 // Census takes every ready token (keeping them until the run ends) and
 // reads the claim queues.
-func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
+//
+// A broker that fails for a while (an election) is retried until ctx ends.
+func (inv *Inventory) Census(ctx context.Context) (c reconciler.Census, err error) {
+	err = inv.s.retry(ctx, "census", func() error {
+		c, err = inv.census(ctx)
+		return err
+	})
+	return c, err
+}
+
+// census is one try of Census.
+func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 	s := inv.s
 	if s.isClosed() {
 		return reconciler.Census{}, tokensem.ErrClosed

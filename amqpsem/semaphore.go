@@ -171,6 +171,22 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 	return nil
 }
 
+// transient reports whether err is a broker failure that trying again may
+// cure: one wrapping tokensem.ErrUnavailable that does not say the
+// semaphore is gone or the credentials are refused.
+func transient(err error) bool {
+	return errors.Is(err, tokensem.ErrUnavailable) && !errors.Is(err, tokensem.ErrNotInitialized) &&
+		!errors.Is(err, tokensem.ErrClosed) && !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS)
+}
+
+// retry runs step until it succeeds, fails for good, or ctx ends: a broker
+// that fails a request for a while (a quorum queue electing a leader
+// answers basic.get with 541 and closes the connection) is waited out.
+func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
+	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.done, transient,
+		func(err error) { s.log.Warn(what+": the broker failed; retrying", "err", err) }, step)
+}
+
 func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil connection", tokensem.ErrInvalidOption)

@@ -75,13 +75,23 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]StoredToken, error) {
 
 // Status takes a census: every token message (parsed and checked against
 // the configuration and signing key), every slot record, and the consumer's
-// queue of waiters.
+// queue of waiters. A broker that does not answer for a while (an election)
+// is retried until ctx ends.
 //
 // Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
 // broker error.
-func (s *Semaphore) Status(ctx context.Context) (tokensem.Status, error) {
+func (s *Semaphore) Status(ctx context.Context) (st tokensem.Status, err error) {
+	err = s.retry(ctx, "status", func() error {
+		st, err = s.status(ctx)
+		return err
+	})
+	return st, err
+}
+
+// status is one try of Status.
+func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	inv := s.Inventory()
-	c, err := inv.Census(ctx)
+	c, err := inv.census(ctx)
 	if err != nil {
 		return tokensem.Status{}, err
 	}

@@ -37,7 +37,19 @@ func (inv *Inventory) Lock(ctx context.Context) (func(), error) { return func() 
 
 // Census reads the configuration, every token message and every slot
 // record.
-func (inv *Inventory) Census(ctx context.Context) (reconciler.Census, error) {
+//
+// A broker that does not answer for a while (an election) is retried
+// until ctx ends.
+func (inv *Inventory) Census(ctx context.Context) (c reconciler.Census, err error) {
+	err = inv.s.retry(ctx, "census", func() error {
+		c, err = inv.census(ctx)
+		return err
+	})
+	return c, err
+}
+
+// census is one try of Census.
+func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 	s := inv.s
 	if s.isClosed() {
 		return reconciler.Census{}, tokensem.ErrClosed

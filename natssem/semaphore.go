@@ -172,19 +172,11 @@ func (s *Semaphore) useLease(lease time.Duration) error {
 
 // retry runs step until it succeeds, fails for good, or ctx ends: a broker
 // that does not answer for a while (a stream electing a leader, a cluster
-// placing new replicas) is waited out, as Init and Open are idempotent.
+// placing new replicas) is waited out. Init, Open and a census are
+// idempotent.
 func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
-	pause := backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
-	for {
-		err := step()
-		if err == nil || !transient(err) || ctx.Err() != nil {
-			return err
-		}
-		s.log.Warn(what+": the broker did not answer; retrying", "err", err)
-		if pause.Wait(ctx, nil) != nil {
-			return err
-		}
-	}
+	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.done, transient,
+		func(err error) { s.log.Warn(what+": the broker did not answer; retrying", "err", err) }, step)
 }
 
 func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {

@@ -49,3 +49,22 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// Retry runs step until it succeeds, fails with an error retryable rejects,
+// ctx ends or stop closes, pausing by b between tries and telling onRetry
+// (which may be nil) of each failure it retries. It returns step's last
+// error.
+func Retry(ctx context.Context, b Backoff, stop <-chan struct{}, retryable func(error) bool, onRetry func(error), step func() error) error {
+	for {
+		err := step()
+		if err == nil || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		if onRetry != nil {
+			onRetry(err)
+		}
+		if b.Wait(ctx, stop) != nil {
+			return err
+		}
+	}
+}
