@@ -118,10 +118,11 @@ func TestChaosNATS(t *testing.T) {
 	sem, done := admin()
 	defer done()
 	settle(t, r, sem, sem.Inventory())
-	// Measured: a killed holder's slot back within the lease + 0.92 s
-	// (redelivery, then the takeover's proof that the record is a lease
-	// old); the bound leaves room for a loaded CI machine.
-	r.verdict(natsLease + 3*time.Second)
+	// A killed holder's slot is back once its token is redelivered (a
+	// lease after its last in-progress ack) and claimed; a waiter whose pull
+	// a restart lost pulls again as soon as it reconnects. Measured under
+	// two CPU hogs: at most lease + 0.2 s.
+	r.verdict(natsLease + time.Second)
 }
 
 // TestChaosNATSCluster: a 3-node cluster in this process, stream and KV
