@@ -2,10 +2,8 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,23 +28,12 @@ func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killA
 	name := uniqueName(t)
 	amqpVia(c, "tsa").mustInit(t, name, permits)
 	m := startMeter(t, permits)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
+	via := make([]broker, len(rabbittest.Nodes))
+	for i, node := range rabbittest.Nodes {
+		via[i] = amqpVia(c, node)
 	}
-	type worker struct {
-		node int
-		p    *proc
-	}
-	var workers []worker
 	start := time.Now()
-	for range perNode {
-		for i, node := range rabbittest.Nodes {
-			env := amqpVia(c, node).env(meterChildEnv+"="+m.l.Addr().String(), meterHoldEnv+"="+hold.String(),
-				"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-			workers = append(workers, worker{i, startSeminit(t, env, "exec", "--name", name, "--wait", "120s", "--", self)})
-		}
-	}
+	workers := startExecWorkers(t, m, name, hold, perNode, via)
 	time.Sleep(killAfter)
 	killed := time.Now()
 	if err := c.Kill(victim); err != nil {
@@ -65,20 +52,7 @@ func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killA
 			res.victim = i
 		}
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Go(func() {
-			r := w.p.wait(150 * time.Second)
-			mu.Lock()
-			res.codes[w.node] = append(res.codes[w.node], r.code)
-			mu.Unlock()
-			if r.code != exitOK {
-				t.Logf("worker through %s: %v", rabbittest.Nodes[w.node], r)
-			}
-		})
-	}
-	wg.Wait()
+	res.collect(t, workers, func(i int) string { return rabbittest.Nodes[i] })
 	res.elapsed = time.Since(start)
 
 	// Afterwards: a permit through each node alone, and once a reconcile
@@ -91,9 +65,9 @@ func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killA
 			t.Errorf("a permit through %s alone after the run: %v", node, r)
 		}
 	}
-	via := amqpVia(c, "tsb")
-	settleTokens(t, c, via, name, permits)
-	if r := via.seminit(t, "status", "--name", name); r.code != exitOK ||
+	viaB := amqpVia(c, "tsb")
+	settleTokens(t, c, viaB, name, permits)
+	if r := viaB.seminit(t, "status", "--name", name); r.code != exitOK ||
 		!strings.Contains(r.stdout, fmt.Sprintf("tokens %d, available %d, held 0,", permits, permits)) {
 		t.Errorf("status after the run: %v", r)
 	}

@@ -50,29 +50,62 @@ func (r nodeLossResult) gap() time.Duration {
 	return longest
 }
 
+// execWorker is one `seminit exec` of a node-loss run, through one node.
+type execWorker struct {
+	node int
+	p    *proc
+}
+
+// startExecWorkers starts perNode `seminit exec` workers through each of
+// the brokers (one per node), their commands reporting to m and holding
+// hold.
+func startExecWorkers(t *testing.T, m *meter, name string, hold time.Duration, perNode int, via []broker) []execWorker {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var workers []execWorker
+	for range perNode {
+		for i, b := range via {
+			env := b.env(meterChildEnv+"="+m.l.Addr().String(), meterHoldEnv+"="+hold.String(),
+				"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+			workers = append(workers, execWorker{i, startSeminit(t, env, "exec", "--name", name, "--wait", "120s", "--", self)})
+		}
+	}
+	return workers
+}
+
+// collect waits for the workers and records their exit codes by node,
+// logging the failures.
+func (r *nodeLossResult) collect(t *testing.T, workers []execWorker, nodeName func(int) string) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			res := w.p.wait(150 * time.Second)
+			mu.Lock()
+			r.codes[w.node] = append(r.codes[w.node], res.code)
+			mu.Unlock()
+			if res.code != exitOK {
+				t.Logf("worker through %s: %v", nodeName(w.node), res)
+			}
+		})
+	}
+	wg.Wait()
+}
+
 func (s nodeLoss) run(t *testing.T) nodeLossResult {
 	c := startCluster(t, 3)
 	name := uniqueName(t)
 	c.broker(0).mustInit(t, name, s.permits, "--replicas", "3", "--lease", s.lease.String())
 	m := startMeter(t, s.permits)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
+	via := make([]broker, len(c.nodes))
+	for i := range via {
+		via[i] = c.broker(i)
 	}
-	type worker struct {
-		node int
-		p    *proc
-	}
-	var workers []worker
 	start := time.Now()
-	for k := range s.perNode {
-		for i := range c.nodes {
-			env := c.broker(i).env(meterChildEnv+"="+m.l.Addr().String(), meterHoldEnv+"="+s.hold.String(),
-				"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-			workers = append(workers, worker{i, startSeminit(t, env, "exec", "--name", name, "--wait", "120s", "--", self)})
-		}
-		_ = k
-	}
+	workers := startExecWorkers(t, m, name, s.hold, s.perNode, via)
 	time.Sleep(s.killAfter)
 	victim := s.victim(c, name)
 	killed := time.Now()
@@ -83,20 +116,7 @@ func (s nodeLoss) run(t *testing.T) nodeLossResult {
 	t.Logf("%v after the start: %s restarted", time.Since(start).Round(time.Millisecond), c.nodes[victim].name)
 
 	res := nodeLossResult{codes: map[int][]int{}, victim: victim, meter: m, killed: killed}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Go(func() {
-			r := w.p.wait(150 * time.Second)
-			mu.Lock()
-			res.codes[w.node] = append(res.codes[w.node], r.code)
-			mu.Unlock()
-			if r.code != exitOK {
-				t.Logf("worker through %s: %v", c.nodes[w.node].name, r)
-			}
-		})
-	}
-	wg.Wait()
+	res.collect(t, workers, func(i int) string { return c.nodes[i].name })
 	res.elapsed = time.Since(start)
 
 	// Afterwards: a permit through each node, and a healthy semaphore.
