@@ -78,6 +78,22 @@ func (c Codec) KeyCheck() string {
 	return hex.EncodeToString(c.mac([]byte(keyCheckMsg))[:8])
 }
 
+// CheckKey returns nil if this codec's key is the one semaphore name was
+// created with (stored is the KeyCheck recorded then), and an error
+// wrapping ErrKeyMismatch that says which way they differ otherwise.
+func (c Codec) CheckKey(name, stored string) error {
+	switch got := c.KeyCheck(); {
+	case got == stored:
+		return nil
+	case stored == "":
+		return fmt.Errorf("%w: %s is unsigned but a key was given", ErrKeyMismatch, name)
+	case got == "":
+		return fmt.Errorf("%w: %s has signed tokens; a key is required", ErrKeyMismatch, name)
+	default:
+		return fmt.Errorf("%w: %s was created with another key", ErrKeyMismatch, name)
+	}
+}
+
 func (c Codec) mac(b []byte) []byte {
 	m := hmac.New(sha256.New, c.key)
 	m.Write(b)

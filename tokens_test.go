@@ -446,3 +446,29 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestCheckKey(t *testing.T) {
+	signed := tokensem.NewCodec([]byte("a key of sixteen bytes"))
+	other := tokensem.NewCodec([]byte("another key, 16+ bytes"))
+	unsigned := tokensem.NewCodec(nil)
+	tests := []struct {
+		name   string
+		codec  tokensem.Codec
+		stored string
+		ok     bool
+	}{
+		{"same key", signed, signed.KeyCheck(), true},
+		{"both unsigned", unsigned, "", true},
+		{"key given, semaphore unsigned", signed, "", false},
+		{"no key, semaphore signed", unsigned, signed.KeyCheck(), false},
+		{"another key", other, signed.KeyCheck(), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.codec.CheckKey("s", tc.stored)
+			if tc.ok != (err == nil) || err != nil && !errors.Is(err, tokensem.ErrKeyMismatch) {
+				t.Fatalf("CheckKey = %v, want ok %v (else ErrKeyMismatch)", err, tc.ok)
+			}
+		})
+	}
+}

@@ -71,7 +71,7 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 		if cfg.Permits != permits {
 			return nil, fmt.Errorf("%w: %s has %d permits, not %d", tokensem.ErrPermitMismatch, name, cfg.Permits, permits)
 		}
-		if err := s.checkKey(cfg); err != nil {
+		if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 			return nil, err
 		}
 	case err == nil: // a creation that died half-way: nobody can have opened it
@@ -106,7 +106,7 @@ func Open(ctx context.Context, c *Conn, name string, opts ...Option) (*Semaphore
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkKey(cfg); err != nil {
+	if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 		return nil, err
 	}
 	s.setConfig(cfg)
@@ -204,20 +204,6 @@ func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {
 
 func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.opts.RequestTimeout)
-}
-
-func (s *Semaphore) checkKey(cfg config) error {
-	got := s.codec.KeyCheck()
-	switch {
-	case got == cfg.KeyCheck:
-		return nil
-	case cfg.KeyCheck == "":
-		return fmt.Errorf("%w: %s is unsigned but a key was given", tokensem.ErrKeyMismatch, s.name)
-	case got == "":
-		return fmt.Errorf("%w: %s has signed tokens; a key is required", tokensem.ErrKeyMismatch, s.name)
-	default:
-		return fmt.Errorf("%w: %s was created with another key", tokensem.ErrKeyMismatch, s.name)
-	}
 }
 
 // lock takes the semaphore's creation lock: an exclusive queue, which a

@@ -146,7 +146,7 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	if cfg.State != stateReady {
 		return nil, fmt.Errorf("%w: %s is still being created", tokensem.ErrNotInitialized, name)
 	}
-	if err := s.checkKey(cfg); err != nil {
+	if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 		return nil, err
 	}
 	if err := s.useLease(cfg.Lease); err != nil {
@@ -303,20 +303,6 @@ func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
 	return cfg, e.Revision(), err
 }
 
-func (s *Semaphore) checkKey(cfg config) error {
-	if got := s.codec.KeyCheck(); got != cfg.KeyCheck {
-		switch {
-		case cfg.KeyCheck == "":
-			return fmt.Errorf("%w: %s is unsigned but a key was given", tokensem.ErrKeyMismatch, s.name)
-		case got == "":
-			return fmt.Errorf("%w: %s has signed tokens; a key is required", tokensem.ErrKeyMismatch, s.name)
-		default:
-			return fmt.Errorf("%w: %s was created with another key", tokensem.ErrKeyMismatch, s.name)
-		}
-	}
-	return nil
-}
-
 // seedStallTimeout is how long a creator may take to publish the tokens
 // before another Init takes the job over. It is well inside the stream's
 // 2-minute duplicate window, so a takeover republishing the same message IDs
@@ -349,7 +335,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		if cfg.Permits != permits {
 			return config{}, fmt.Errorf("%w: %s has %d permits, not %d", tokensem.ErrPermitMismatch, s.name, cfg.Permits, permits)
 		}
-		if err := s.checkKey(cfg); err != nil {
+		if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 			return config{}, err
 		}
 		if cfg.State == stateReady {
