@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Acquire blocks until it holds a permit or ctx ends. Each waiter consumes
@@ -179,7 +180,7 @@ func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error)
 func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery) (*Permit, error) {
 	tok, err := s.admit(ctx, d.Body)
 	switch {
-	case errors.Is(err, tokensem.ErrInvalidToken), errors.Is(err, tokensem.ErrForgedToken):
+	case errors.Is(err, errNotCurrent):
 		s.log.Warn("removing an invalid token message", "reason", err)
 		_ = d.Ack(false)
 		return nil, errRetry{}
@@ -203,21 +204,30 @@ func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Deliver
 	return s.newPermit(pc, d, tok), nil
 }
 
-// admit parses and checks a delivered token.
+// admit parses and checks a delivered token against the configuration
+// (see reconciler.Admit): a token that is not a current one of this
+// semaphore is errNotCurrent.
 func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, error) {
-	tok, err := s.codec.Decode(body)
-	if err != nil {
+	e, err := reconciler.Admit(s.codec, s.name, body, func(fresh bool) (int, uint64, error) {
+		read := s.freshConfig
+		if fresh {
+			read = s.refreshConfig
+		}
+		cfg, err := read(ctx)
+		return cfg.Permits, cfg.Epoch, err
+	})
+	switch {
+	case err != nil:
 		return tokensem.Token{}, err
+	case !e.Valid:
+		return tokensem.Token{}, fmt.Errorf("%w: %s token %s", errNotCurrent, e.Reason, e.Token)
 	}
-	cfg, err := s.freshConfig(ctx)
-	if err != nil {
-		return tokensem.Token{}, err
-	}
-	if tok.Semaphore != s.name || tok.Index >= cfg.Permits || tok.Epoch != cfg.Epoch {
-		return tokensem.Token{}, fmt.Errorf("%w: %s is not a current token of %s", tokensem.ErrInvalidToken, tok, s.name)
-	}
-	return tok, nil
+	return e.Token, nil
 }
+
+// errNotCurrent marks a delivery that is not a usable token of this
+// semaphore: junk, forged, of another semaphore, or retired.
+var errNotCurrent = errors.New("amqpsem: not a current token")
 
 // fence is the token's fence base (zero for tokens made by Init, a later
 // generation's for tokens the reconciler issued) plus the quorum queue's

@@ -125,6 +125,11 @@ func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
 	return s.cfg.Fresh(ctx, configTTL, s.readConfig)
 }
 
+// refreshConfig re-reads the configuration (it changes on resize).
+func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
+	return s.cfg.Refresh(ctx, s.readConfig)
+}
+
 // Resize changes the number of permits, under the creation lock, and
 // repairs the token set to match (see reconciler.Run): growing issues tokens
 // for the new slots; shrinking removes the ready tokens of slots >=

@@ -14,6 +14,7 @@ import (
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/testhook"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Acquire blocks until it holds a permit or ctx ends. Callers are served in
@@ -366,31 +367,25 @@ func (s *Semaphore) won(ctx context.Context, m *nats.Msg, d delivery, rev uint64
 // errRetired marks a delivery that is not a usable token of this semaphore.
 var errRetired = errors.New("natssem: not a current token")
 
-// admit parses and checks a delivered token against the configuration,
-// re-reading it once before calling a token retired (a resize may have
-// changed it).
+// admit parses and checks a delivered token against the configuration
+// (see reconciler.Admit): a token that is not a current one of this
+// semaphore is errRetired.
 func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, error) {
-	tok, err := s.codec.Decode(data)
-	if err != nil {
-		return tokensem.Token{}, fmt.Errorf("%w: %w", errRetired, err)
-	}
-	if tok.Semaphore != s.name {
-		return tokensem.Token{}, fmt.Errorf("%w: token of semaphore %q", errRetired, tok.Semaphore)
-	}
-	cfg, err := s.freshConfig(ctx)
-	if err != nil {
+	e, err := reconciler.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
+		read := s.freshConfig
+		if fresh {
+			read = s.refreshConfig
+		}
+		cfg, err := read(ctx)
+		return cfg.Permits, cfg.Epoch, err
+	})
+	switch {
+	case err != nil:
 		return tokensem.Token{}, err
+	case !e.Valid:
+		return tokensem.Token{}, fmt.Errorf("%w: %s token %s", errRetired, e.Reason, e.Token)
 	}
-	if tok.Index < cfg.Permits && tok.Epoch == cfg.Epoch {
-		return tok, nil
-	}
-	if cfg, err = s.refreshConfig(ctx); err != nil {
-		return tokensem.Token{}, err
-	}
-	if tok.Index < cfg.Permits && tok.Epoch == cfg.Epoch {
-		return tok, nil
-	}
-	return tokensem.Token{}, fmt.Errorf("%w: %s (permits %d, epoch %d)", errRetired, tok, cfg.Permits, cfg.Epoch)
+	return e.Token, nil
 }
 
 // discard removes a delivery that can never be a permit (junk, forged, of

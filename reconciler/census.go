@@ -111,3 +111,24 @@ func Classify(codec tokensem.Codec, semaphore string, permits int, epoch uint64,
 		return Entry{Token: tok, Valid: true}
 	}
 }
+
+// Admit classifies a token delivered to an acquirer, as Classify does, but
+// checks a token that looks retired once more against a definition read
+// afresh: a resize may have grown the semaphore since the caller's copy was
+// read, and a token discarded for that would be lost. def returns the
+// semaphore's permits and epoch, re-read from the broker when fresh is
+// set.
+func Admit(codec tokensem.Codec, semaphore string, data []byte, def func(fresh bool) (permits int, epoch uint64, err error)) (Entry, error) {
+	permits, epoch, err := def(false)
+	if err != nil {
+		return Entry{}, err
+	}
+	e := Classify(codec, semaphore, permits, epoch, data)
+	if e.Reason != "retired" {
+		return e, nil
+	}
+	if permits, epoch, err = def(true); err != nil {
+		return Entry{}, err
+	}
+	return Classify(codec, semaphore, permits, epoch, data), nil
+}
