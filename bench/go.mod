@@ -1,6 +1,6 @@
 module github.com/tokensem/tokensem/bench
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/nats-io/nats.go v1.55.0
@@ -11,7 +11,6 @@ require (
 )
 
 require (
-	github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect

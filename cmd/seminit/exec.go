@@ -81,10 +81,10 @@ func runExec(ctx context.Context, e env, args []string) error {
 		"TOKENSEM_SLOT="+strconv.Itoa(p.Token().Index),
 		"TOKENSEM_FENCE="+strconv.FormatUint(p.Fence(), 10),
 	)
-	// Own process group, so a stop reaches the command's children too; and
-	// killed with seminit: a command that outlives its permit holder would
-	// run unprotected once the permit is handed on.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Own process group, so a stop reaches the command's children too; and,
+	// where the system can, killed with seminit: a command that outlives
+	// its permit holder would run unprotected once the permit is handed on.
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return exitCodeErr{code: 127, err: fmt.Errorf("start %s: %w", argv[0], err)}
 	}
@@ -111,18 +111,17 @@ func runExec(ctx context.Context, e env, args []string) error {
 	}
 }
 
-// stopChild sends SIGTERM to the command's process group, SIGKILL after
-// grace, and returns the command's wait error.
+// stopChild asks the command to stop (stopGroup), forces it after grace
+// (killGroup), and returns the command's wait error.
 func stopChild(cmd *exec.Cmd, exited <-chan error, grace time.Duration) error {
-	pgid := -cmd.Process.Pid
-	_ = syscall.Kill(pgid, syscall.SIGTERM)
+	stopGroup(cmd.Process)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case err := <-exited:
 		return err
 	case <-t.C:
-		_ = syscall.Kill(pgid, syscall.SIGKILL)
+		killGroup(cmd.Process)
 		return <-exited
 	}
 }

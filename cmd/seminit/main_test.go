@@ -2,9 +2,9 @@ package main
 
 // Black-box tests of the seminit command. TestMain builds the binary once
 // and runs it as `seminit server` on a free loopback port, and finds a
-// RabbitMQ the way the library tests do (rabbittest.Start: $RABBITMQ_URL,
-// else a container when Docker answers). Every test then drives real seminit
-// processes against those brokers; the contract tests run once per backend
+// RabbitMQ the way the library tests do (rabbittest.Start: $RABBITMQ_URL).
+// Every test then drives real seminit processes against those brokers; the
+// contract tests run once per backend
 // (see forEachBroker). The test binary also doubles as a child command for
 // `seminit exec` (see meterChild).
 
