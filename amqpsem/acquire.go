@@ -21,10 +21,11 @@ import (
 // the connection drops while waiting, the call subscribes again on the new
 // connection (it holds nothing yet, so nothing is lost) and keeps waiting;
 // a call that gives up closes its channel, which requeues any token on its
-// way to it.
+// way to it. A broker that fails a request for a while (a node lost, a
+// queue electing a leader) is waited out until ctx ends.
 //
 // Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrNotInitialized (the
-// token queue is gone), or a wrapped broker error.
+// token queue is gone), or a broker error that waiting cannot cure.
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 	p, err := s.acquire(ctx, false)
 	if err != nil {
@@ -34,7 +35,10 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 }
 
 // TryAcquire takes a free permit with one basic.get, or returns
-// tokensem.ErrNoPermit at once.
+// tokensem.ErrNoPermit at once. RabbitMQ answers a basic.get on a quorum
+// queue that is electing a leader (for a moment after a node's loss) by
+// closing the whole connection, and with it the permits held on it;
+// Acquire does not have that cost.
 //
 // Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a wrapped
 // broker error.
@@ -79,15 +83,19 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		if err != nil {
 			return nil, err
 		}
-		// A ready token means nobody waits (the broker hands tokens to
-		// waiting consumers first), so taking it with basic.get jumps no
-		// queue and is cheaper than subscribing. If ctx ends mid-call the
-		// channel is closed, which requeues anything it was given.
+		// TryAcquire takes a ready token with basic.get. Acquire consumes
+		// instead, even when a token is ready: a basic.get on a quorum
+		// queue electing a leader is answered with 541, which closes the
+		// whole connection and every permit held on it (measured on
+		// 3.10.8), while a consumer just waits for the new leader. If ctx
+		// ends mid-call the channel is closed, which requeues anything it
+		// was given.
 		var p *Permit
 		err = rpc(ctx, pc.ch, func() error {
 			var err error
-			p, err = s.get(ctx, pc)
-			if !noWait && errors.Is(err, tokensem.ErrNoPermit) {
+			if noWait {
+				p, err = s.get(ctx, pc)
+			} else {
 				p, err = s.wait(ctx, pc)
 			}
 			return err
@@ -102,12 +110,18 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			return p, nil
 		}
 		var retry errRetry
-		if !errors.As(err, &retry) {
-			if errors.Is(err, tokensem.ErrNoPermit) {
-				s.putChannel(pc)
-			} else {
-				_ = pc.ch.Close() // requeues anything delivered and not claimed
-			}
+		switch {
+		case errors.As(err, &retry):
+		case !noWait && transient(err):
+			// The broker failed a request (a queue electing a leader, a
+			// connection it closed): wait on, on a new channel.
+			s.log.Warn("acquire: the broker failed; waiting on", "err", err)
+			retry.backoff = true
+		case errors.Is(err, tokensem.ErrNoPermit):
+			s.putChannel(pc)
+			return nil, err
+		default:
+			_ = pc.ch.Close() // requeues anything delivered and not claimed
 			return nil, err
 		}
 		_ = pc.ch.Close()
@@ -232,9 +246,11 @@ var errNotCurrent = errors.New("amqpsem: not a current token")
 // fence is the token's fence base (zero for tokens made by Init, a later
 // generation's for tokens the reconciler issued) plus the quorum queue's
 // count of earlier returns of this message plus one: it grows every time
-// the slot changes hands, across reissues. Classic queues do not count, so
-// there it is only the base: 0 for the tokens Init made.
-func fence(d amqp.Delivery) uint64 {
+// the slot changes hands, across reissues. A quorum queue leaves the count
+// out of a delivery that has none yet (seen on consumer deliveries: 0).
+// Classic queues do not count, so there it is only the base: 0 for the
+// tokens Init made.
+func fence(d amqp.Delivery, quorum bool) uint64 {
 	var base uint64
 	if b, ok := d.Headers[fenceBaseHeader].(int64); ok && b > 0 {
 		base = uint64(b)
@@ -246,6 +262,9 @@ func fence(d amqp.Delivery) uint64 {
 		return base + uint64(n) + 1
 	case int:
 		return base + uint64(n) + 1
+	}
+	if quorum {
+		return base + 1
 	}
 	return base
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/ids"
 )
 
 // config is the semaphore's definition. It lives as exactly one persistent
@@ -128,8 +129,19 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 	}
 }
 
+// configWait is how long a read waits for the configuration message
+// before it asks whether another reader holds it or none exists.
+const configWait = 100 * time.Millisecond
+
 // loadConfigOnce tries to read the configuration once: found false and no
 // error means someone holds the message now (or the broker's counts lag).
+//
+// It consumes the message rather than taking it with basic.get: RabbitMQ
+// answers a basic.get on a quorum queue that is electing a leader by
+// closing the whole connection (541), and with it every permit held on it,
+// while a consumer waits for the new leader. A consumer also queues behind
+// a reader that holds the message, and gets it when that one requeues it.
+// Closing the channel requeues the message.
 func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool, err error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
@@ -143,12 +155,29 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		ok bool
 		q  amqp.Queue
 	)
-	err = rpc(rctx, ch, func() (err error) {
-		if d, ok, err = ch.Get(configQueue(s.name), false); err != nil || ok {
+	err = rpc(rctx, ch, func() error {
+		if err := ch.Qos(1, 0, false); err != nil {
 			return err
 		}
-		// Empty: is the message held by a reader (a quorum queue counts
-		// the holder as a consumer), or is there none?
+		tag := "tokensem-config-" + ids.New()
+		ds, err := ch.Consume(configQueue(s.name), tag, false, false, false, false, nil)
+		if err != nil {
+			return err
+		}
+		t := time.NewTimer(configWait)
+		defer t.Stop()
+		select {
+		case d, ok = <-ds:
+		case <-t.C:
+		}
+		if ok {
+			return nil
+		}
+		// Nothing came: is the message held by a reader (a quorum queue
+		// counts the holder as a consumer), or is there none?
+		if err := ch.Cancel(tag, false); err != nil {
+			return err
+		}
 		q, err = ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
 		return err
 	})
@@ -158,11 +187,10 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	case err != nil:
 		return config{}, false, wrapBrokerErr("reading the configuration of "+s.name, err)
 	case ok:
-		_ = d.Reject(true)
 		cfg, err := decodeConfig(s.name, d.Body)
 		return cfg, err == nil, err
-	case q.Consumers > 0:
-		return config{}, false, nil // a reader holds it: try again
+	case q.Consumers > 0 || q.Messages > 0:
+		return config{}, false, nil // a reader holds it, or it just came back: try again
 	}
 	// Nobody holds it and nothing is there: creation died after declaring
 	// the queue, if the token queue does not exist yet. Otherwise the

@@ -21,10 +21,10 @@
 //
 // # Protocol
 //
-// Acquire takes a ready token with basic.get, or, when none is ready,
-// consumes the token queue on a channel of its own with prefetch 1: the
-// broker pushes a returned token to a waiting consumer, so waiters are
-// served without polling. On its first delivery the waiter cancels its
+// Acquire consumes the token queue on a channel of its own with prefetch 1
+// (TryAcquire takes a ready token with basic.get): the broker pushes a
+// returned token to a waiting consumer, so waiters are served without
+// polling. On its first delivery the waiter cancels its
 // consumer and claims the token's slot with an exclusive consumer on the
 // slot's claim queue. Holding is keeping the delivery unacked. The broker
 // refuses a second exclusive consumer (403), so a duplicated token can never
@@ -66,8 +66,13 @@
 //     broker keeps them for consumers that are gone (below);
 //   - callers waiting through the lost node go on waiting through another;
 //   - the token and configuration queues are quorum queues and keep
-//     working through an election (a basic.get during one fails with 541,
-//     which closes the connection; it is retried on the next one);
+//     working through an election. RabbitMQ answers a basic.get on a
+//     quorum queue without a leader by closing the whole connection (541),
+//     and with it every permit held on it, so Acquire and configuration
+//     reads consume instead (a consumer waits for the new leader); only
+//     TryAcquire and a census take messages with basic.get (a census needs
+//     the broker's "empty" answer), so give reconcilers a connection of
+//     their own;
 //   - a claim queue lives on the node it was first declared through and
 //     dies with it; the broker cancels the claim of a holder connected
 //     elsewhere, which claims the slot again at once (and a reconcile looks

@@ -39,7 +39,7 @@ func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.T
 	case <-pc.claimCancelled: // of an earlier claim on this channel
 	default:
 	}
-	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d),
+	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d, s.config().QueueType == Quorum),
 		life: permitstate.New(s.opts.Observer, s.name, s.Permits()), stop: make(chan struct{}), exited: make(chan struct{})}
 	go p.run()
 	s.log.Debug("permit acquired", "index", tok.Index, "fence", p.fence)
