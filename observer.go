@@ -1,10 +1,6 @@
 package tokensem
 
-import (
-	"context"
-	"errors"
-	"time"
-)
+import "time"
 
 // Observer receives what happens to a semaphore's permits in this process,
 // for metrics (package semmetrics turns the events into Prometheus
@@ -53,28 +49,4 @@ type Event struct {
 	Wait      time.Duration // EventAcquire: time spent in the call
 	Held      time.Duration // EventRelease, EventLost
 	Err       error         // EventAcquire (unless acquired), EventLost, EventRenew
-}
-
-// OutcomeOf classifies the error an Acquire or TryAcquire returned.
-func OutcomeOf(err error) Outcome {
-	switch {
-	case err == nil:
-		return OutcomeAcquired
-	case errors.Is(err, ErrNoPermit):
-		return OutcomeNoPermit
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return OutcomeTimeout
-	default:
-		return OutcomeError
-	}
-}
-
-// ObserveAcquire reports the end of an Acquire or TryAcquire that started
-// at start to o (nil: nothing). Backends call it.
-func ObserveAcquire(o Observer, name string, permits int, start time.Time, err error) {
-	if o == nil {
-		return
-	}
-	o.Observe(Event{Kind: EventAcquire, Semaphore: name, Permits: permits,
-		Outcome: OutcomeOf(err), Wait: time.Since(start), Err: err})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/semopts"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -63,7 +64,7 @@ func (e errRetry) Error() string { return "amqpsem: retry" }
 func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 	start := time.Now()
 	p, err := s.take(ctx, noWait)
-	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
+	semopts.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	return p, err
 }
 

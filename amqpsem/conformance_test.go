@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/semopts"
 	"github.com/tokensem/tokensem/internal/semtest"
 )
 
@@ -57,7 +58,7 @@ func amqpBackend() semtest.Backend {
 		Addr: broker.Addr,
 		Init: func(t testing.TB, addr, name string, permits int, o semtest.Options) (tokensem.Semaphore, error) {
 			if o.Lease != 0 && o.Lease < tokensem.MinLease {
-				return nil, tokensem.WithLease(o.Lease)(&tokensem.Options{})
+				return nil, semopts.CheckLease(o.Lease)
 			}
 			leases.Store(name, o.Lease)
 			c := dial(t, addr, o.Lease)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semopts"
 )
 
 // Queue types for the token queue.
@@ -21,7 +22,7 @@ const (
 const DefaultMaxHold = 25 * time.Minute
 
 type options struct {
-	tokensem.Options
+	semopts.Options
 	queueType string
 	maxHold   time.Duration
 }
@@ -31,7 +32,7 @@ type options struct {
 type Option func(*options) error
 
 func newOptions(opts []Option) (options, error) {
-	o := options{Options: tokensem.DefaultOptions(), queueType: Quorum, maxHold: DefaultMaxHold}
+	o := options{Options: semopts.Defaults(), queueType: Quorum, maxHold: DefaultMaxHold}
 	for _, opt := range opts {
 		if opt == nil {
 			continue
@@ -43,23 +44,26 @@ func newOptions(opts []Option) (options, error) {
 	return o, nil
 }
 
-func common(opt tokensem.Option) Option {
+func common(opt semopts.Option) Option {
 	return func(o *options) error { return opt(&o.Options) }
 }
 
-// WithKey sets the shared token signing key (see tokensem.WithKey).
-func WithKey(key []byte) Option { return common(tokensem.WithKey(key)) }
+// WithKey sets the shared HMAC-SHA256 key (at least 16 bytes) that signs
+// tokens at Init and verifies them on every acquire: with a key, unsigned
+// or forged tokens never admit. Every client of a signed semaphore must use
+// the same key (Open checks it). Default: no key.
+func WithKey(key []byte) Option { return common(semopts.WithKey(key)) }
 
 // WithObserver reports this client's acquisitions, releases, losses and
 // renewals to o, for metrics (see package semmetrics). Default: none.
-func WithObserver(o tokensem.Observer) Option { return common(tokensem.WithObserver(o)) }
+func WithObserver(o tokensem.Observer) Option { return common(semopts.WithObserver(o)) }
 
 // WithLogger sets the logger (default: discard).
-func WithLogger(l *slog.Logger) Option { return common(tokensem.WithLogger(l)) }
+func WithLogger(l *slog.Logger) Option { return common(semopts.WithLogger(l)) }
 
 // WithRequestTimeout bounds each broker round trip (default
 // tokensem.DefaultRequestTimeout).
-func WithRequestTimeout(d time.Duration) Option { return common(tokensem.WithRequestTimeout(d)) }
+func WithRequestTimeout(d time.Duration) Option { return common(semopts.WithRequestTimeout(d)) }
 
 // WithQueueType picks the token queue type at Init: Quorum (default) or
 // Classic.

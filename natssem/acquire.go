@@ -13,6 +13,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/internal/semopts"
 	"github.com/tokensem/tokensem/internal/testhook"
 	"github.com/tokensem/tokensem/reconciler"
 )
@@ -59,7 +60,7 @@ const maxTryDeliveries = 16
 func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 	start := time.Now()
 	p, err := s.take(ctx, noWait)
-	tokensem.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
+	semopts.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	return p, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semopts"
 )
 
 // Defaults of the NATS-specific options.
@@ -29,7 +30,9 @@ const (
 )
 
 type options struct {
-	tokensem.Options
+	semopts.Options
+	Lease      time.Duration // see WithLease
+	HolderName string        // see WithHolderName
 	replicas   int
 	maxWaiters int
 	pullExpiry time.Duration
@@ -44,7 +47,9 @@ type Option func(*options) error
 
 func newOptions(opts []Option) (options, error) {
 	o := options{
-		Options:    tokensem.DefaultOptions(),
+		Options:    semopts.Defaults(),
+		Lease:      tokensem.DefaultLease,
+		HolderName: semopts.DefaultHolderName(),
 		replicas:   DefaultReplicas,
 		maxWaiters: DefaultMaxWaiters,
 		pullExpiry: DefaultPullExpiry,
@@ -63,32 +68,47 @@ func newOptions(opts []Option) (options, error) {
 	return o, nil
 }
 
-func common(opt tokensem.Option) Option {
+func common(opt semopts.Option) Option {
 	return func(o *options) error { return opt(&o.Options) }
 }
 
 // WithLease sets the lease of a semaphore created by Init (default
-// tokensem.DefaultLease). Every client uses the lease stored at creation;
-// Open ignores this option.
+// tokensem.DefaultLease, within [tokensem.MinLease, tokensem.MaxLease]).
+// Every client uses the lease stored at creation; Open ignores this option.
 func WithLease(d time.Duration) Option {
 	return func(o *options) error {
-		o.leaseSet = true
-		return tokensem.WithLease(d)(&o.Options)
+		if err := semopts.CheckLease(d); err != nil {
+			return err
+		}
+		o.Lease, o.leaseSet = d, true
+		return nil
 	}
 }
 
-// WithKey sets the shared token signing key (see tokensem.WithKey).
-func WithKey(key []byte) Option { return common(tokensem.WithKey(key)) }
+// WithKey sets the shared HMAC-SHA256 key (at least 16 bytes) that signs
+// tokens at Init and verifies them on every acquire: with a key, unsigned
+// or forged tokens never admit. Every client of a signed semaphore must use
+// the same key (Open checks it). Default: no key.
+func WithKey(key []byte) Option { return common(semopts.WithKey(key)) }
 
 // WithObserver reports this client's acquisitions, releases, losses and
 // renewals to o, for metrics (see package semmetrics). Default: none.
-func WithObserver(o tokensem.Observer) Option { return common(tokensem.WithObserver(o)) }
+func WithObserver(o tokensem.Observer) Option { return common(semopts.WithObserver(o)) }
 
 // WithLogger sets the logger (default: discard).
-func WithLogger(l *slog.Logger) Option { return common(tokensem.WithLogger(l)) }
+func WithLogger(l *slog.Logger) Option { return common(semopts.WithLogger(l)) }
 
-// WithHolderName names this client in lease records (default "host:pid").
-func WithHolderName(name string) Option { return common(tokensem.WithHolderName(name)) }
+// WithHolderName names this client in lease records and Status (1..128
+// bytes without control characters; default "host:pid").
+func WithHolderName(name string) Option {
+	return func(o *options) error {
+		if err := semopts.CheckHolderName(name); err != nil {
+			return err
+		}
+		o.HolderName = name
+		return nil
+	}
+}
 
 // WithRequestTimeout bounds each broker round trip. It must be shorter
 // than the semaphore's lease minus lease/5 (Init and Open return an error
@@ -97,7 +117,7 @@ func WithHolderName(name string) Option { return common(tokensem.WithHolderName(
 func WithRequestTimeout(d time.Duration) Option {
 	return func(o *options) error {
 		o.timeoutSet = true
-		return tokensem.WithRequestTimeout(d)(&o.Options)
+		return semopts.WithRequestTimeout(d)(&o.Options)
 	}
 }
 
