@@ -52,8 +52,7 @@ type Permit interface {
 type Status struct {
 	Name      string        `json:"name"`
 	Backend   string        `json:"backend"`            // "nats" or "amqp"
-	Stream    string        `json:"stream,omitempty"`   // NATS: the token stream
-	Queue     string        `json:"queue,omitempty"`    // RabbitMQ: the token queue
+	Resource  string        `json:"resource"`           // what holds the tokens: the NATS stream or the RabbitMQ queue
 	Permits   int           `json:"permits"`            // configured N
 	Epoch     uint64        `json:"epoch"`              // current token generation
 	Lease     time.Duration `json:"lease_ns"`           // holders' lease
@@ -69,10 +68,10 @@ type Status struct {
 	Warnings  []string      `json:"warnings,omitempty"` // anything odd the census noticed
 }
 
-// Holder describes one held permit in a Status.
+// Holder describes one held permit in a Status. Owner and Since are empty
+// where the backend cannot tell (RabbitMQ).
 type Holder struct {
-	Index    int       `json:"index"`
-	Owner    string    `json:"owner"`    // holder name (default host:pid)
-	Revision uint64    `json:"revision"` // revision of the slot record (>= the holder's fence)
-	Since    time.Time `json:"renewed"`  // server time of the last renewal
+	Index int       `json:"index"`
+	Owner string    `json:"owner,omitempty"`   // holder name (default host:pid)
+	Since time.Time `json:"renewed,omitzero"` // server time of the last renewal
 }

@@ -58,13 +58,8 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	for _, b := range ready {
 		c.Entries = append(c.Entries, reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, b))
 	}
-	f := reconciler.Analyze(c)
-	st := tokensem.Status{
-		Name: s.name, Backend: "amqp", Queue: QueueName(s.name), Permits: cfg.Permits, Epoch: cfg.Epoch,
-		Tokens: len(ready) + len(held), Available: f.Valid, Held: len(held), Waiting: waiting,
-		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
-		Healthy: f.Healthy(c),
-	}
+	st := reconciler.Summarize(c)
+	st.Name, st.Backend, st.Resource, st.Waiting = s.name, "amqp", QueueName(s.name), waiting
 	for _, idx := range held { // readClaims returns them in index order
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx})
 	}

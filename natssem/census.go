@@ -99,27 +99,13 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	f := reconciler.Analyze(c)
-	st := tokensem.Status{
-		Name: s.name, Backend: "nats", Stream: StreamName(s.name),
-		Permits: c.Permits, Epoch: c.Epoch, Lease: inv.cfg.Lease,
-		Tokens: len(c.Entries), Waiting: cons.NumWaiting, Held: len(c.HeldSlots),
-		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
-		Healthy: f.Healthy(c),
-	}
-	heldSlot := make(map[int]bool, len(c.HeldSlots))
+	st := reconciler.Summarize(c)
+	st.Name, st.Backend, st.Resource = s.name, "nats", StreamName(s.name)
+	st.Lease, st.Waiting = inv.cfg.Lease, cons.NumWaiting
 	for _, idx := range c.HeldSlots {
-		heldSlot[idx] = true
 		sl := inv.slots[idx]
-		st.Holders = append(st.Holders, tokensem.Holder{Index: idx, Owner: sl.rec.Owner, Revision: sl.rev, Since: sl.written})
+		st.Holders = append(st.Holders, tokensem.Holder{Index: idx, Owner: sl.rec.Owner, Since: sl.written})
 	}
 	slices.SortFunc(st.Holders, func(a, b tokensem.Holder) int { return a.Index - b.Index })
-	seen := make(map[int]bool)
-	for _, e := range c.Entries {
-		if e.Valid && !heldSlot[e.Token.Index] && !seen[e.Token.Index] {
-			seen[e.Token.Index] = true
-			st.Available++
-		}
-	}
 	return st, nil
 }

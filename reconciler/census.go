@@ -132,3 +132,33 @@ func Admit(codec tokensem.Codec, semaphore string, data []byte, def func(fresh b
 	}
 	return Classify(codec, semaphore, permits, epoch, data), nil
 }
+
+// Summarize fills the part of a tokensem.Status that a census decides:
+// permits, epoch, tokens (messages found, plus the held ones a census
+// cannot see), held slots, available permits (distinct valid tokens of
+// slots nobody holds), duplicates, missing slots, invalid tokens and
+// health. The backend adds its name, resource, lease, waiters, holders and
+// warnings.
+func Summarize(c Census) tokensem.Status {
+	f := Analyze(c)
+	st := tokensem.Status{
+		Permits: c.Permits, Epoch: c.Epoch, Tokens: len(c.Entries), Held: len(c.HeldSlots),
+		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
+		Healthy: f.Healthy(c),
+	}
+	if c.HeldUnseen {
+		st.Tokens += len(c.HeldSlots)
+	}
+	held := make(map[int]bool, len(c.HeldSlots))
+	for _, i := range c.HeldSlots {
+		held[i] = true
+	}
+	seen := make(map[int]bool)
+	for _, e := range c.Entries {
+		if e.Valid && !held[e.Token.Index] && !seen[e.Token.Index] {
+			seen[e.Token.Index] = true
+			st.Available++
+		}
+	}
+	return st
+}

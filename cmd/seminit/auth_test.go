@@ -132,7 +132,7 @@ func TestNATSUserPassword(t *testing.T) {
 	if !strings.HasPrefix(srvURL, "nats://") {
 		t.Fatalf("server URL %q, want nats://", srvURL)
 	}
-	b := broker{name: "nats", url: srvURL, store: "stream", prefix: "TOKENSEM_", leases: true}
+	b := broker{name: "nats", url: srvURL, prefix: "TOKENSEM_", leases: true}
 	name := uniqueName(t)
 	if r := startSeminit(t, b.env(), "init", "--name", name, "--permits", "2", "--user", "alice", "--password", pass).wait(60 * time.Second); r.code != exitOK {
 		t.Fatalf("init with the right password: %v", r)
@@ -473,7 +473,7 @@ func TestAMQPTLS(t *testing.T) {
 	other := testcerts.New(t)
 	proxy := testcerts.StartProxy(t, certs.ServerConfig(false), rabbitAddr(t, rabbit.url))
 	mtls := testcerts.StartProxy(t, certs.ServerConfig(true), rabbitAddr(t, rabbit.url))
-	b := broker{name: "amqp", url: amqpsURL(t, rabbit.url, proxy.Addr), store: "queue", prefix: "tokensem."}
+	b := broker{name: "amqp", url: amqpsURL(t, rabbit.url, proxy.Addr), prefix: "tokensem."}
 	name := uniqueName(t)
 	b.mustInit(t, name, 2, "--tls-ca", certs.CAFile)
 	cert := []string{"--tls-ca", certs.CAFile, "--tls-cert", certs.ClientCertFile, "--tls-key", certs.ClientKeyFile}

@@ -162,8 +162,7 @@ func (b broker) statusJSON(t *testing.T, name string) (map[string]any, statusDoc
 type statusDoc struct {
 	Name       string `json:"name"`
 	Backend    string `json:"backend"`
-	Stream     string `json:"stream"`
-	Queue      string `json:"queue"`
+	Resource   string `json:"resource"`
 	Permits    int    `json:"permits"`
 	Tokens     int    `json:"tokens"`
 	Available  int    `json:"available"`
@@ -193,14 +192,9 @@ func testInitStatus(t *testing.T, b broker) {
 	}
 
 	raw, st := b.statusJSON(t, name)
-	for _, field := range []string{"name", "backend", "permits", "tokens", "available", "held", "waiting", "duplicates", "missing", "invalid", "healthy", b.store} {
+	for _, field := range []string{"name", "backend", "resource", "permits", "tokens", "available", "held", "waiting", "duplicates", "missing", "invalid", "healthy"} {
 		if _, ok := raw[field]; !ok {
 			t.Errorf("status --json has no %q: %v", field, raw)
-		}
-	}
-	for _, field := range []string{"stream", "queue"} {
-		if _, ok := raw[field]; ok && field != b.store {
-			t.Errorf("status --json of a %s semaphore has a %q: %v", b.name, field, raw)
 		}
 	}
 	for _, field := range []string{"duplicates", "missing"} {
@@ -209,13 +203,8 @@ func testInitStatus(t *testing.T, b broker) {
 		}
 	}
 	store := b.prefix + name
-	want := statusDoc{Name: name, Backend: b.name, Permits: 3, Tokens: 3, Available: 3,
+	want := statusDoc{Name: name, Backend: b.name, Resource: store, Permits: 3, Tokens: 3, Available: 3,
 		Duplicates: []int{}, Missing: []int{}, Healthy: true}
-	if b.store == "queue" {
-		want.Queue = store
-	} else {
-		want.Stream = store
-	}
 	if fmt.Sprint(st) != fmt.Sprint(want) {
 		t.Errorf("status --json = %+v\nwant %+v", st, want)
 	}

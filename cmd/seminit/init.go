@@ -59,16 +59,12 @@ func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string
 		e.printJSON(st)
 		return nil
 	}
-	resource := st.Stream
-	if resource == "" {
-		resource = st.Queue
-	}
 	lease := st.Lease.Round(time.Millisecond).String()
 	if st.Lease == 0 {
 		lease = "held until the holder's connection drops"
 	}
 	fmt.Fprintf(e.stdout, "%s %s: %d permits (%s %s, lease %s, epoch %d)\n",
-		st.Name, verb, st.Permits, st.Backend, resource, lease, st.Epoch)
+		st.Name, verb, st.Permits, st.Backend, st.Resource, lease, st.Epoch)
 	fmt.Fprintf(e.stdout, "  tokens %d, available %d, held %d, waiting %d\n", st.Tokens, st.Available, st.Held, st.Waiting)
 	health := "healthy"
 	if !st.Healthy {
@@ -76,7 +72,11 @@ func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string
 	}
 	fmt.Fprintf(e.stdout, "  %s\n", health)
 	for _, h := range st.Holders {
-		fmt.Fprintf(e.stdout, "  slot %d held by %s (renewed %s)\n", h.Index, h.Owner, h.Since.Format(time.RFC3339))
+		if h.Owner == "" {
+			fmt.Fprintf(e.stdout, "  slot %d held\n", h.Index)
+		} else {
+			fmt.Fprintf(e.stdout, "  slot %d held by %s (renewed %s)\n", h.Index, h.Owner, h.Since.Format(time.RFC3339))
+		}
 	}
 	for _, w := range st.Warnings {
 		fmt.Fprintf(e.stdout, "  warning: %s\n", w)

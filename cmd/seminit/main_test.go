@@ -237,7 +237,6 @@ func (s *syncBuffer) String() string {
 type broker struct {
 	name   string // "nats" or "amqp": the URL scheme and status's "backend"
 	url    string // "" when there is no such broker
-	store  string // the status field naming the token store: "stream" or "queue"
 	prefix string // the token store's name is prefix+semaphore name
 	leases bool   // init takes --lease
 }
@@ -246,8 +245,8 @@ type broker struct {
 // found (url "" when none).
 func brokers() []broker {
 	return []broker{
-		{name: "nats", url: serverURL, store: "stream", prefix: "TOKENSEM_", leases: true},
-		{name: "amqp", url: rabbitURL, store: "queue", prefix: "tokensem."},
+		{name: "nats", url: serverURL, prefix: "TOKENSEM_", leases: true},
+		{name: "amqp", url: rabbitURL, prefix: "tokensem."},
 	}
 }
 

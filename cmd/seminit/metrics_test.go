@@ -78,7 +78,7 @@ func TestServerMetrics(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	b := broker{name: "nats", url: "nats://" + listen, store: "stream", prefix: "TOKENSEM_", leases: true}
+	b := broker{name: "nats", url: "nats://" + listen, prefix: "TOKENSEM_", leases: true}
 	b.mustInit(t, uniqueName(t), 2)
 	body := scrape(t, "http://"+metrics+"/metrics")
 	for _, want := range []string{"tokensem_nats_connections ", "tokensem_nats_jetstream_streams 2", "process_cpu_seconds_total"} {

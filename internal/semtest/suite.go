@@ -143,7 +143,7 @@ func testInitOpenStatus(t *testing.T, b Backend) {
 		st.Available != 3 || st.Held != 0 || !st.Healthy || len(st.Duplicate) != 0 || len(st.Missing) != 0 || st.Invalid != 0 {
 		t.Fatalf("fresh status = %+v", st)
 	}
-	if st.Stream == "" && st.Queue == "" {
+	if st.Resource == "" {
 		t.Fatalf("status names no broker resource: %+v", st)
 	}
 	p := mustAcquire(t, s, 5*time.Second)
