@@ -72,6 +72,6 @@ type Status struct {
 // where the backend cannot tell (RabbitMQ).
 type Holder struct {
 	Index int       `json:"index"`
-	Owner string    `json:"owner,omitempty"`   // holder name (default host:pid)
+	Owner string    `json:"owner,omitempty"`  // holder name (default host:pid)
 	Since time.Time `json:"renewed,omitzero"` // server time of the last renewal
 }
