@@ -48,12 +48,21 @@ type Conn struct {
 // session is one live AMQP connection.
 type session struct {
 	conn    *amqp.Connection
-	sock    net.Conn               // the TCP connection
-	tls     *tlsConn               // over sock for amqps://, else nil
-	lost    chan struct{}          // closed when this connection is gone
+	sock    net.Conn      // the TCP connection
+	tls     *tlsConn      // over sock for amqps://, else nil
+	lost    chan struct{} // closed when this connection is gone (markLost)
+	lostMu  sync.Once
 	version string                 // server version, e.g. "3.10.8"
 	blocked atomic.Pointer[string] // the broker's reason while it blocks publishing
 }
+
+// lossGrace is how long the watchdog waits between telling the holders
+// that a silent connection is lost and closing its socket, which lets the
+// broker requeue their tokens at once.
+const lossGrace = 100 * time.Millisecond
+
+// markLost tells everything on s (permits, waiters) that it is gone.
+func (s *session) markLost() { s.lostMu.Do(func() { close(s.lost) }) }
 
 // waitConfirms waits for publisher confirms. A wait cut short while the
 // broker blocks publishing says so (ErrBlocked).
@@ -93,7 +102,7 @@ func (c *Conn) supervise(s *session) {
 	defer c.wg.Done()
 	for {
 		c.watch(s)
-		close(s.lost)
+		s.markLost()
 		_ = s.conn.Close()
 		c.mu.Lock()
 		closed := c.closed
@@ -160,6 +169,14 @@ func (c *Conn) watch(s *session) {
 					attrs = append(attrs, "blocked", *r)
 				}
 				c.log.Warn("amqp connection silent for 1.5 heartbeats; dropping it", attrs...)
+				// Holders first: the broker still counts this connection
+				// alive (it waits about two heartbeats), so no token of
+				// ours goes to anyone else until the socket closes.
+				s.markLost()
+				select {
+				case <-time.After(lossGrace):
+				case <-c.done:
+				}
 				_ = s.sock.Close()
 				<-ok
 				return

@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -451,6 +452,7 @@ func (r *run) verdict(recoveryBound time.Duration) {
 		t.Errorf("a killed holder's slot came back after %v > %v", m, recoveryBound)
 	}
 	if t.Failed() {
+		logEvidence(t, holds, faults, v.Involved)
 		r.mu.Lock()
 		for _, w := range r.workers {
 			if out := w.out.String(); out != "" {
@@ -458,6 +460,34 @@ func (r *run) verdict(recoveryBound time.Duration) {
 			}
 		}
 		r.mu.Unlock()
+	}
+}
+
+// logEvidence logs, for a failed run, the holds of the slots a violation
+// is about that began or ended within two seconds of the violating ones,
+// and every fault, in milliseconds from the first Acquire call.
+func logEvidence(t *testing.T, holds []Hold, faults []fault, involved []Hold) {
+	if len(holds) == 0 {
+		return
+	}
+	base := slices.MinFunc(holds, func(a, b Hold) int { return cmp.Compare(a.Call, b.Call) }).Call
+	ms := func(at int64) string {
+		if at == 0 || at == math.MaxInt64 {
+			return "-"
+		}
+		return strconv.FormatFloat(float64(at-base)/1e6, 'f', 1, 64)
+	}
+	for _, f := range faults {
+		t.Logf("fault %s of worker %d: %s..%s ms (stopped %s)", f.kind, f.worker, ms(f.begin), ms(f.end), ms(f.stopped))
+	}
+	const window = int64(2 * time.Second)
+	for _, in := range involved {
+		for _, h := range holds {
+			if h.Slot == in.Slot && h.Acquired > in.Acquired-window && h.Acquired < in.Acquired+window {
+				t.Logf("slot %d fence %d worker %d: call %s acquired %s end %s (ended %v, lost %v) fault %s",
+					h.Slot, h.Fence, h.Worker, ms(h.Call), ms(h.Acquired), ms(h.End), h.Ended, h.Lost, ms(h.Fault))
+			}
+		}
 	}
 }
 

@@ -230,6 +230,9 @@ type Verdict struct {
 	// overlapped before the old holder saw its loss: the frozen-holder
 	// window the fence is there for.
 	StaleOverlaps int
+	// Involved are the holds a named violation is about, for whoever reads
+	// a failure.
+	Involved []Hold
 }
 
 // Check checks holds of a semaphore of permits slots.
@@ -267,6 +270,7 @@ func Check(holds []Hold, permits int, timeout time.Duration) Verdict {
 				if cur.Acquired < prev.freeAfter() {
 					v.Violations = append(v.Violations, fmt.Sprintf("slot %d: worker %d acquired (fence %d) while worker %d held it (fence %d) with no fault to excuse it",
 						slot, cur.Worker, cur.Fence, prev.Worker, prev.Fence))
+					v.Involved = append(v.Involved, prev, cur)
 				} else {
 					v.StaleOverlaps++
 				}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -150,18 +151,18 @@ func tryOpen(ctx context.Context, backend, url, name string) (tokensem.Semaphore
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := natssem.Open(octx, nc, name)
+		s, err := natssem.Open(octx, nc, name, natssem.WithLogger(workerLog()))
 		if err != nil {
 			nc.Close()
 			return nil, nil, err
 		}
 		return s, func() { _ = s.Close(); nc.Close() }, nil
 	case "amqp":
-		c, err := amqpsem.Dial(octx, url, amqpsem.WithHeartbeat(time.Second))
+		c, err := amqpsem.Dial(octx, url, amqpsem.WithHeartbeat(time.Second), amqpsem.WithDialLogger(workerLog()))
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := amqpsem.Open(octx, c, name)
+		s, err := amqpsem.Open(octx, c, name, amqpsem.WithLogger(workerLog()))
 		if err != nil {
 			_ = c.Close()
 			return nil, nil, err
@@ -169,4 +170,10 @@ func tryOpen(ctx context.Context, backend, url, name string) (tokensem.Semaphore
 		return s, func() { _ = s.Close(); _ = c.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("worker: backend %q (urls %s)", backend, strings.TrimSpace(url))
+}
+
+// workerLog writes a backend's warnings to the worker's stderr, which the
+// harness prints when a run fails.
+func workerLog() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
