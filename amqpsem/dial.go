@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/redact"
 )
 
 // DefaultHeartbeat is the AMQP heartbeat Dial asks for. RabbitMQ drops a
@@ -125,15 +126,15 @@ func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 // parseAddress checks one broker URL and prepares its TLS.
 func (c *Conn) parseAddress(url string) (address, error) {
 	if !strings.HasPrefix(url, "amqp://") && !strings.HasPrefix(url, "amqps://") {
-		return address{}, fmt.Errorf("%w: url %q is not amqp:// or amqps://", tokensem.ErrInvalidOption, redact(url))
+		return address{}, fmt.Errorf("%w: url %q is not amqp:// or amqps://", tokensem.ErrInvalidOption, redact.URL(url))
 	}
 	if c.tls != nil && !strings.HasPrefix(url, "amqps://") {
-		return address{}, fmt.Errorf("%w: WithTLS needs an amqps:// url, not %q", tokensem.ErrInvalidOption, redact(url))
+		return address{}, fmt.Errorf("%w: WithTLS needs an amqps:// url, not %q", tokensem.ErrInvalidOption, redact.URL(url))
 	}
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
 		// The parser's message quotes the URL, password included.
-		return address{}, fmt.Errorf("%w: url %q: %s", tokensem.ErrInvalidOption, redact(url), redact(err.Error()))
+		return address{}, fmt.Errorf("%w: url %q: %s", tokensem.ErrInvalidOption, redact.URL(url), redact.URL(err.Error()))
 	}
 	a := address{url: url, dialURL: url}
 	if uri.Scheme == "amqps" {
@@ -175,7 +176,7 @@ func (c *Conn) prepareTLS(a *address, uri amqp.URI) error {
 	}
 	u, err := neturl.Parse(a.url)
 	if err != nil { // amqp.ParseURI accepted it: cannot happen
-		return fmt.Errorf("%w: url %q", tokensem.ErrInvalidOption, redact(a.url))
+		return fmt.Errorf("%w: url %q", tokensem.ErrInvalidOption, redact.URL(a.url))
 	}
 	u.Scheme, u.Host = "amqp", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
 	a.dialURL, a.tls = u.String(), cfg
@@ -242,10 +243,10 @@ func (c *Conn) connectTo(ctx context.Context, a address) (*session, error) {
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused || errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrSASL) {
-			return nil, fmt.Errorf("%w: %s: %w", ErrAuth, redact(a.url), err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrAuth, redact.URL(a.url), err)
 		}
 		if isTLSFailure(err) {
-			return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(a.url), err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact.URL(a.url), err)
 		}
 		if s.tls != nil {
 			// amqp091 keeps only the text of a read error; the TLS layer's
@@ -253,13 +254,13 @@ func (c *Conn) connectTo(ctx context.Context, a address) (*session, error) {
 			read, ioErr := s.tls.state()
 			switch {
 			case isTLSFailure(ioErr):
-				return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact(a.url), ioErr)
+				return nil, fmt.Errorf("%w: %s: %w", ErrTLS, redact.URL(a.url), ioErr)
 			case read == 0 && isClosed(ioErr):
 				return nil, fmt.Errorf("%w: %s: the broker closed the connection right after the TLS handshake (does it refuse the client certificate?): %w",
-					ErrTLS, redact(a.url), ioErr)
+					ErrTLS, redact.URL(a.url), ioErr)
 			}
 		}
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, redact(a.url), err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, redact.URL(a.url), err)
 	}
 	s.conn = conn
 	if v, ok := conn.Properties["version"].(string); ok {
@@ -326,14 +327,4 @@ func (t *tlsConn) state() (read int64, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.read.Load(), t.ioErr
-}
-
-// redact hides the password of a URL in messages.
-func redact(raw string) string {
-	if i := strings.Index(raw, "@"); i >= 0 {
-		if j := strings.Index(raw, "://"); j >= 0 && j < i {
-			return raw[:j+3] + "***" + raw[i:]
-		}
-	}
-	return raw
 }

@@ -22,7 +22,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -33,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tokensem/tokensem/internal/redact"
 )
 
 // config is the harness's flags.
@@ -333,12 +334,12 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 			res.Label, res.Tokensem = "amqpsem", true
 			as, err := startAMQP(ctx, cfg.amqpURL)
 			if err != nil {
-				res.Skipped = fmt.Sprintf("RabbitMQ at %s unreachable (%v): set RABBITMQ_URL, or start Debian's broker with `bash .ci/rabbitmq.sh`", redactURL(cfg.amqpURL), err)
+				res.Skipped = fmt.Sprintf("RabbitMQ at %s unreachable (%v): set RABBITMQ_URL, or start Debian's broker with `bash .ci/rabbitmq.sh`", redact.URL(cfg.amqpURL), err)
 				break
 			}
 			rep.Machine.RabbitMQ = as.Version()
-			rep.Machine.RabbitURL = redactURL(cfg.amqpURL)
-			logf("RabbitMQ %s at %s", as.Version(), redactURL(cfg.amqpURL))
+			rep.Machine.RabbitURL = redact.URL(cfg.amqpURL)
+			logf("RabbitMQ %s at %s", as.Version(), redact.URL(cfg.amqpURL))
 			sys = as
 		case "redis", "redis-fast":
 			jmin, jmax := 50*time.Millisecond, 200*time.Millisecond
@@ -522,13 +523,4 @@ func loadAvg() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
-}
-
-// redactURL hides a URL's password.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }

@@ -48,9 +48,3 @@ func TestCommand(t *testing.T) {
 		t.Errorf("command = %s, want %s", got, want)
 	}
 }
-
-func TestRedactURL(t *testing.T) {
-	if got := redactURL("amqp://guest:secret@127.0.0.1:5672/"); got != "amqp://guest:xxxxx@127.0.0.1:5672/" {
-		t.Errorf("redactURL = %s", got)
-	}
-}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/redact"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -61,7 +62,7 @@ func parseURLs(raw string) ([]*url.URL, error) {
 		part = strings.TrimSpace(part)
 		u, err := url.Parse(part)
 		if err != nil || u.Host == "" {
-			return nil, usageErr{fmt.Errorf("--url %q is not a broker URL (want nats://host:port, or a comma-separated list of them)", redact(part))}
+			return nil, usageErr{fmt.Errorf("--url %q is not a broker URL (want nats://host:port, or a comma-separated list of them)", redact.URL(part))}
 		}
 		var f string
 		switch strings.ToLower(u.Scheme) {
@@ -73,7 +74,7 @@ func parseURLs(raw string) ([]*url.URL, error) {
 			return nil, usageErr{fmt.Errorf("--url scheme %q: want nats://, amqp:// or amqps://", u.Scheme)}
 		}
 		if family != "" && f != family {
-			return nil, usageErr{fmt.Errorf("--url mixes brokers (%s and %s): list the nodes of one cluster", redact(us[0].String()), redact(part))}
+			return nil, usageErr{fmt.Errorf("--url mixes brokers (%s and %s): list the nodes of one cluster", redact.URL(us[0].String()), redact.URL(part))}
 		}
 		family = f
 		us = append(us, u)
@@ -118,7 +119,7 @@ func connectAMQP(ctx context.Context, g *globals, us []*url.URL) (backend, error
 	if tc != nil {
 		for _, u := range us {
 			if !strings.EqualFold(u.Scheme, "amqps") {
-				return nil, usageErr{fmt.Errorf("--tls-* flags need an amqps:// URL, not %s", redact(u.String()))}
+				return nil, usageErr{fmt.Errorf("--tls-* flags need an amqps:// URL, not %s", redact.URL(u.String()))}
 			}
 		}
 		opts = append(opts, amqpsem.WithTLS(tc))
@@ -218,7 +219,7 @@ func connectNATS(ctx context.Context, g *globals, us []*url.URL) (backend, error
 	}
 	nc, err := nats.Connect(raw, opts...)
 	if err != nil {
-		err = fmt.Errorf("%s: %w", redact(g.url), err)
+		err = fmt.Errorf("%s: %w", redact.URL(g.url), err)
 		switch {
 		case isNATSAuth(err):
 			return nil, authErr{err}
@@ -387,26 +388,4 @@ func classify(err error) error {
 	default:
 		return err
 	}
-}
-
-// redact hides a URL's password in messages, also in a URL that does not
-// parse, and in each URL of a comma-separated list.
-func redact(raw string) string {
-	if parts := strings.Split(raw, ","); len(parts) > 1 {
-		for i, p := range parts {
-			parts[i] = redact(p)
-		}
-		return strings.Join(parts, ",")
-	}
-	u, err := url.Parse(raw)
-	if err == nil {
-		return u.Redacted()
-	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if i := strings.LastIndex(rest, "@"); ok && i >= 0 {
-		if user, _, hasPass := strings.Cut(rest[:i], ":"); hasPass {
-			return scheme + "://" + user + ":xxxxx" + rest[i:]
-		}
-	}
-	return raw
 }

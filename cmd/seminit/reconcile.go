@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/redact"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/reconciler"
 	"github.com/tokensem/tokensem/semmetrics"
@@ -45,7 +46,7 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 	defer done()
 	inv, ok := inventoryOf(s)
 	if !ok {
-		return usageErr{fmt.Errorf("reconcile is not available for %s yet", redact(g.url))}
+		return usageErr{fmt.Errorf("reconcile is not available for %s yet", redact.URL(g.url))}
 	}
 	if *watch > 0 {
 		var m *semmetrics.Metrics
