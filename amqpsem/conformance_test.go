@@ -11,6 +11,7 @@ import (
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/semopts"
 	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // conns maps each semaphore a test opened to its connection, for Crash;
@@ -108,6 +109,7 @@ func amqpBackend() semtest.Backend {
 			}
 			_ = c.(*amqpsem.Conn).Close()
 		},
+		Inventory: func(s tokensem.Semaphore) reconciler.Inventory { return s.(*amqpsem.Semaphore).Inventory() },
 	}
 }
 

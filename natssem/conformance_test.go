@@ -13,6 +13,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // conns maps each semaphore a test opened to its connection, for Crash.
@@ -96,6 +97,7 @@ func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.B
 			}
 			nc.(*nats.Conn).Close()
 		},
+		Inventory: func(s tokensem.Semaphore) reconciler.Inventory { return s.(*natssem.Semaphore).Inventory() },
 	}
 }
 

@@ -31,9 +31,10 @@ type Inventory struct {
 // Inventory returns the semaphore's inventory for the reconciler.
 func (s *Semaphore) Inventory() *Inventory { return &Inventory{s: s} }
 
-// Lock returns at once: on NATS, Issue is guarded by a compare-and-set of
-// the slot record, which serializes reconcilers slot by slot.
-func (inv *Inventory) Lock(ctx context.Context) (func(), error) { return func() {}, nil }
+// Lock takes the semaphore's admin lock (see lock), which Resize takes to
+// change the permit count, so a census reads one configuration throughout.
+// Issue is guarded besides by a compare-and-set of the slot record.
+func (inv *Inventory) Lock(ctx context.Context) (func(), error) { return inv.s.lock(ctx) }
 
 // Census reads the configuration, every token message and every slot
 // record.

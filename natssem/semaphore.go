@@ -53,7 +53,8 @@ type Semaphore struct {
 	seeder   string // this client's id as the creator of a semaphore (Init)
 	waitPull []byte // body of a waiting pull request
 	returned *handbacks
-	slots    *slotStore // set once the bucket is found
+	slots    *slotStore    // set once the bucket is found
+	lockTTL  time.Duration // see lock
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
 
@@ -199,6 +200,7 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		returned: newHandbacks(nc),
 		waitPull: mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
 		done:     make(chan struct{}),
+		lockTTL:  defaultLockTTL,
 	}, nil
 }
 
@@ -473,30 +475,43 @@ func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report,
 	if s.isClosed() {
 		return reconciler.Report{}, tokensem.ErrClosed
 	}
+	if err := s.writePermits(ctx, permits); err != nil {
+		return reconciler.Report{}, err
+	}
+	return reconciler.Run(ctx, s.Inventory(), true)
+}
+
+// writePermits stores the new permit count under the admin lock, so that
+// no reconcile run sees it change halfway through.
+func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
+	unlock, err := s.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	for {
 		cfg, rev, err := s.readConfig(ctx)
 		if err != nil {
-			return reconciler.Report{}, err
+			return err
 		}
 		if cfg.Permits == permits {
-			break
+			return nil
 		}
 		old := cfg.Permits
 		cfg.Permits = permits
 		rctx, cancel := s.rtt(ctx)
 		_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
 		cancel()
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue // changed meanwhile: read again
-		}
-		if err != nil {
-			return reconciler.Report{}, wrapBrokerErr(err)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+			continue // changed meanwhile (a client of an earlier version): read again
+		case err != nil:
+			return wrapBrokerErr(err)
 		}
 		s.setConfig(cfg)
 		s.log.Info("resized", "from", old, "to", permits)
-		break
+		return nil
 	}
-	return reconciler.Run(ctx, s.Inventory(), true)
 }
 
 // Close makes later calls return tokensem.ErrClosed and wakes callers

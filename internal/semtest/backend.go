@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Backend adapts one broker to the suite. Every function opens its own
@@ -28,6 +29,9 @@ type Backend struct {
 	// Crash drops a client's broker session abruptly, without releasing
 	// anything, as a killed process would; the Semaphore is unusable after.
 	Crash func(t testing.TB, s tokensem.Semaphore)
+	// Inventory returns the reconciler's view of a semaphore the backend
+	// opened.
+	Inventory func(s tokensem.Semaphore) reconciler.Inventory
 }
 
 // Options are the semaphore options the suite varies.

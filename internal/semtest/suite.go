@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Run runs the whole conformance suite against b.
@@ -38,6 +37,7 @@ func Run(t *testing.T, b Backend) {
 		{"DoCancelsOnLoss", testDoCancelsOnLoss},
 		{"Close", testClose},
 		{"GrowSeenByStaleClient", testGrowSeenByStaleClient},
+		{"ConcurrentResizeAndReconcile", testConcurrentAdmin},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
@@ -544,32 +544,4 @@ func testClose(t *testing.T, b Backend) {
 	}
 	mustRelease(t, p)
 	eventually(t, 10*time.Second, "permit free", func() bool { return status(t, s).Available == 1 })
-}
-
-// resizer is what both backends' semaphores offer beyond tokensem.Semaphore
-// to change the number of permits.
-type resizer interface {
-	Resize(ctx context.Context, permits int) (reconciler.Report, error)
-}
-
-// testGrowSeenByStaleClient: a client that read the configuration (2
-// permits) just before another grew the semaphore to 3 receives the new
-// slot's token while its copy still says 2. It must look again, not throw
-// the token away: all 3 permits are usable through it.
-func testGrowSeenByStaleClient(t *testing.T, b Backend) {
-	name := uniqueName(t)
-	admin := mustInit(t, b, name, 2, Options{})
-	stale := mustOpen(t, b, b.Addr, name, Options{})
-	r, ok := admin.(resizer)
-	if !ok {
-		t.Skipf("%T cannot resize", admin)
-	}
-	if _, err := r.Resize(Context(t, 30*time.Second), 3); err != nil {
-		t.Fatalf("resize to 3: %v", err)
-	}
-	ps := drainAll(t, stale, 3)
-	defer releaseAll(t, ps)
-	if len(ps) != 3 {
-		t.Fatalf("a client that read 2 permits before a resize to 3 got %d permits", len(ps))
-	}
 }

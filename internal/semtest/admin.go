@@ -1,0 +1,102 @@
+package semtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+// resizer is what both backends' semaphores offer beyond tokensem.Semaphore
+// to change the number of permits.
+type resizer interface {
+	Resize(ctx context.Context, permits int) (reconciler.Report, error)
+}
+
+// testGrowSeenByStaleClient: a client that read the configuration (2
+// permits) just before another grew the semaphore to 3 receives the new
+// slot's token while its copy still says 2. It must look again, not throw
+// the token away: all 3 permits are usable through it.
+func testGrowSeenByStaleClient(t *testing.T, b Backend) {
+	name := uniqueName(t)
+	admin := mustInit(t, b, name, 2, Options{})
+	stale := mustOpen(t, b, b.Addr, name, Options{})
+	r, ok := admin.(resizer)
+	if !ok {
+		t.Skipf("%T cannot resize", admin)
+	}
+	if _, err := r.Resize(Context(t, 30*time.Second), 3); err != nil {
+		t.Fatalf("resize to 3: %v", err)
+	}
+	ps := drainAll(t, stale, 3)
+	defer releaseAll(t, ps)
+	if len(ps) != 3 {
+		t.Fatalf("a client that read 2 permits before a resize to 3 got %d permits", len(ps))
+	}
+}
+
+// testConcurrentAdmin: resizes between 3 and 4 permits and reconcile runs,
+// from four clients at once. Every run must end healthy (a census must
+// never mix the permit count before a resize with the tokens after it, and
+// remove a token that had just become valid), and a last resize to 3 must
+// leave exactly 3 usable permits.
+func testConcurrentAdmin(t *testing.T, b Backend) {
+	if b.Inventory == nil {
+		t.Skip("the backend offers no inventory")
+	}
+	name := uniqueName(t)
+	mustInit(t, b, name, 3, Options{})
+	const rounds = 6
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*rounds)
+	for c := range 4 {
+		s := mustOpen(t, b, b.Addr, name, Options{})
+		r, ok := s.(resizer)
+		if !ok {
+			t.Skipf("%T cannot resize", s)
+		}
+		inv := b.Inventory(s)
+		wg.Go(func() {
+			for i := range rounds {
+				ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+				var (
+					rep  reconciler.Report
+					err  error
+					what string
+				)
+				if c%2 == 0 {
+					n := 3 + (i+c/2)%2
+					what = fmt.Sprintf("client %d: resize to %d", c, n)
+					rep, err = r.Resize(ctx, n)
+				} else {
+					what = fmt.Sprintf("client %d: reconcile", c)
+					rep, err = reconciler.Run(ctx, inv, true)
+				}
+				cancel()
+				switch {
+				case err != nil:
+					errs <- fmt.Errorf("%s: %w", what, err)
+				case !rep.Healthy:
+					errs <- fmt.Errorf("%s: not healthy after the run: %+v", what, rep)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	admin := mustOpen(t, b, b.Addr, name, Options{})
+	if _, err := admin.(resizer).Resize(Context(t, time.Minute), 3); err != nil {
+		t.Fatalf("last resize to 3: %v", err)
+	}
+	ps := drainAll(t, admin, 4)
+	defer releaseAll(t, ps)
+	if len(ps) != 3 {
+		t.Fatalf("after resizing to 3: %d usable permits", len(ps))
+	}
+}

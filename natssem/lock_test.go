@@ -1,0 +1,59 @@
+package natssem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The admin lock: exclusive while its holder renews it, free after unlock,
+// and taken over once a holder that died stops renewing it.
+func TestAdminLock(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	a, err := Init(ctx, dial(t, srv), "lock", 1, WithHolderName("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(ctx, dial(t, srv), "lock", WithHolderName("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.lockTTL, b.lockTTL = 900*time.Millisecond, 900*time.Millisecond
+
+	unlock, err := a.lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Held past two TTLs by renewal: b must not get it.
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = b.lock(short)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "held by a") {
+		t.Fatalf("lock while a renews it: err = %v, want a deadline naming holder a", err)
+	}
+	unlock()
+	unlockB, err := b.lock(ctx)
+	if err != nil {
+		t.Fatalf("lock after unlock: %v", err)
+	}
+	unlockB()
+
+	// A holder that died: its record is written once and never renewed.
+	val, _ := json.Marshal(lockRecord{Holder: "dead", Owner: "dead"})
+	if _, _, err := a.tryLock(ctx, val); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	unlockB, err = b.lock(ctx)
+	if err != nil {
+		t.Fatalf("lock after its holder died: %v", err)
+	}
+	unlockB()
+	if waited := time.Since(start); waited < 500*time.Millisecond {
+		t.Fatalf("took over a lock renewed %v ago (ttl %v)", waited, b.lockTTL)
+	}
+}
