@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/reconciler"
@@ -102,10 +103,26 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	st := reconciler.Summarize(c)
 	st.Name, st.Backend, st.Resource = s.name, "nats", StreamName(s.name)
 	st.Lease, st.Waiting = inv.cfg.Lease, cons.NumWaiting
+	if w := ackWaitWarning(cons.Config.AckWait, inv.cfg.Lease); w != "" {
+		st.Warnings = append(st.Warnings, w)
+	}
 	for _, idx := range c.HeldSlots {
 		sl := inv.slots[idx]
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx, Owner: sl.rec.Owner, Since: sl.written})
 	}
 	slices.SortFunc(st.Holders, func(a, b tokensem.Holder) int { return a.Index - b.Index })
 	return st, nil
+}
+
+// ackWaitWarning says what is wrong when the holders consumer's AckWait is
+// not the lease stored in the configuration, which Init made it: someone
+// edited the consumer. The slot records still decide who holds a slot, so
+// no slot is held twice, but a shorter AckWait redelivers held tokens to
+// waiters that must then wait, and a longer one brings a dead holder's
+// token back late.
+func ackWaitWarning(ackWait, lease time.Duration) string {
+	if ackWait == lease {
+		return ""
+	}
+	return fmt.Sprintf("the holders consumer's AckWait is %v but the semaphore's lease is %v (the consumer was changed after Init): put AckWait back to %v", ackWait, lease, lease)
 }

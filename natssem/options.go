@@ -22,11 +22,11 @@ const (
 	// server. A caller still waiting then re-issues it and, like a fresh
 	// caller, goes to the back of the queue.
 	DefaultPullExpiry = 5 * time.Minute
-	// DefaultHeartbeat is the idle heartbeat the server sends a waiting
+	// DefaultPullHeartbeat is the idle heartbeat the server sends a waiting
 	// caller; two missed heartbeats make the caller re-issue its pull
 	// (covering a lost request). A reconnection (a restarted server, a
 	// failover to another node) re-issues it at once.
-	DefaultHeartbeat = 5 * time.Second
+	DefaultPullHeartbeat = 5 * time.Second
 )
 
 type options struct {
@@ -53,7 +53,7 @@ func newOptions(opts []Option) (options, error) {
 		replicas:   DefaultReplicas,
 		maxWaiters: DefaultMaxWaiters,
 		pullExpiry: DefaultPullExpiry,
-		heartbeat:  DefaultHeartbeat,
+		heartbeat:  DefaultPullHeartbeat,
 	}
 	for _, opt := range opts {
 		if opt == nil {
@@ -157,12 +157,12 @@ func WithPullExpiry(d time.Duration) Option {
 	}
 }
 
-// WithHeartbeat sets the idle heartbeat the server sends a waiting caller
-// (default DefaultHeartbeat, 100ms..1m, at most a quarter of the pull
+// WithPullHeartbeat sets the idle heartbeat the server sends a waiting caller
+// (default DefaultPullHeartbeat, 100ms..1m, at most a quarter of the pull
 // expiry). A caller whose pull sees no heartbeat re-issues it, or, if the
 // consumer's waiter queue is full, fails with tokensem.ErrTooManyWaiters:
 // so a lower value detects both sooner, at the cost of more messages.
-func WithHeartbeat(d time.Duration) Option {
+func WithPullHeartbeat(d time.Duration) Option {
 	return func(o *options) error {
 		if d < 100*time.Millisecond || d > time.Minute {
 			return fmt.Errorf("%w: heartbeat %v (want 100ms..1m)", tokensem.ErrInvalidOption, d)

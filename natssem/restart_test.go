@@ -38,12 +38,12 @@ func TestWaiterAcrossRestart(t *testing.T) {
 		return nc
 	}
 	ctx := semtest.Context(t, time.Minute)
-	holder, err := natssem.Init(ctx, conn(), "restart", 1, natssem.WithLease(4*time.Second), natssem.WithHeartbeat(heartbeat))
+	holder, err := natssem.Init(ctx, conn(), "restart", 1, natssem.WithLease(4*time.Second), natssem.WithPullHeartbeat(heartbeat))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	waiter, err := natssem.Open(ctx, conn(), "restart", natssem.WithHeartbeat(heartbeat))
+	waiter, err := natssem.Open(ctx, conn(), "restart", natssem.WithPullHeartbeat(heartbeat))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,12 +133,18 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	if err != nil {
 		return nil, err
 	}
-	var cfg config
+	var (
+		cfg  config
+		cons *jetstream.ConsumerInfo
+	)
 	err = s.retry(ctx, "open", func() error {
 		if err := s.bind(ctx); err != nil {
 			return err
 		}
-		cfg, _, err = s.readConfig(ctx)
+		if cfg, _, err = s.readConfig(ctx); err != nil || cfg.State != stateReady {
+			return err
+		}
+		cons, err = s.consumerInfo(ctx)
 		return err
 	})
 	if err != nil {
@@ -146,6 +152,9 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	}
 	if cfg.State != stateReady {
 		return nil, fmt.Errorf("%w: %s is still being created", tokensem.ErrNotInitialized, name)
+	}
+	if w := ackWaitWarning(cons.Config.AckWait, cfg.Lease); w != "" {
+		s.log.Warn(w)
 	}
 	if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 		return nil, err

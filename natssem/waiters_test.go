@@ -15,7 +15,7 @@ import (
 // and reported as ErrTooManyWaiters, and the refused call strands nothing.
 func TestTooManyWaiters(t *testing.T) {
 	name := "max-waiters"
-	s := initNATS(t, name, 1, natssem.WithMaxWaiters(2), natssem.WithHeartbeat(200*time.Millisecond))
+	s := initNATS(t, name, 1, natssem.WithMaxWaiters(2), natssem.WithPullHeartbeat(200*time.Millisecond))
 	held, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +32,7 @@ func TestTooManyWaiters(t *testing.T) {
 		info, err := cons.Info(t.Context())
 		return err == nil && info.NumWaiting == 2
 	})
-	third, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name, natssem.WithHeartbeat(200*time.Millisecond))
+	third, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name, natssem.WithPullHeartbeat(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
