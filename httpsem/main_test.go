@@ -2,7 +2,6 @@ package httpsem_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.uber.org/goleak"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/semtest"
@@ -24,20 +22,7 @@ import (
 var srv *embedded.Server
 
 func TestMain(m *testing.M) {
-	var err error
-	if srv, err = embedded.Start(embedded.Config{}); err != nil {
-		fmt.Fprintln(os.Stderr, "embedded nats:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	srv.Shutdown()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }))
 }
 
 var nameSeq atomic.Int64

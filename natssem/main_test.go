@@ -2,15 +2,13 @@ package natssem_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/tokensem/tokensem/internal/natstest"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -45,25 +43,12 @@ func cluster(t testing.TB) *natstest.Cluster {
 }
 
 func TestMain(m *testing.M) {
-	var err error
-	srv, err = embedded.Start(embedded.Config{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "embedded nats:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	srv.Shutdown()
-	if clusterSrv != nil {
-		clusterSrv.Shutdown()
-	}
-	if clusterDir != "" {
-		_ = os.RemoveAll(clusterDir)
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
+	os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }, func() {
+		if clusterSrv != nil {
+			clusterSrv.Shutdown()
 		}
-	}
-	os.Exit(code)
+		if clusterDir != "" {
+			_ = os.RemoveAll(clusterDir)
+		}
+	}))
 }

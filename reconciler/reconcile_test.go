@@ -13,11 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/goleak"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
-	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
@@ -25,30 +23,12 @@ import (
 )
 
 var (
-	srv       *embedded.Server
-	rabbit    *rabbittest.Broker
-	rabbitErr error
+	srv     *embedded.Server
+	brokers semtest.Brokers
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	if srv, err = embedded.Start(embedded.Config{}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	rabbit, rabbitErr = rabbittest.Start(context.Background())
-	code := m.Run()
-	srv.Shutdown()
-	if rabbit != nil {
-		rabbit.Stop()
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(semtest.Main(m, semtest.NATS|semtest.Rabbit, func(b semtest.Brokers) { srv, brokers = b.NATS, b }))
 }
 
 // fixture is one semaphore on one broker, with ways to damage it straight
@@ -126,12 +106,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 
 func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 	t.Helper()
-	if rabbit == nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and no RabbitMQ: %v", rabbitErr)
-		}
-		t.Skipf("no RabbitMQ: %v", rabbitErr)
-	}
+	rabbit := brokers.RabbitFor(t)
 	name += "-" + runID
 	c, err := amqpsem.Dial(bounded(t), rabbit.URL)
 	if err != nil {
@@ -515,7 +490,7 @@ func TestResize(t *testing.T) {
 // the repair, and the census after it.
 func BenchmarkCensus10kAMQP(b *testing.B) {
 	f := newAMQP(b, "census-10k", 10_000, nil)
-	raw, err := amqp.Dial(rabbit.URL)
+	raw, err := amqp.Dial(brokers.RabbitFor(b).URL)
 	if err != nil {
 		b.Fatal(err)
 	}

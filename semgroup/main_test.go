@@ -2,7 +2,6 @@ package semgroup_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -11,11 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.uber.org/goleak"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
-	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
@@ -23,30 +20,12 @@ import (
 )
 
 var (
-	srv       *embedded.Server
-	rabbit    *rabbittest.Broker
-	rabbitErr error
+	srv     *embedded.Server
+	brokers semtest.Brokers
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	if srv, err = embedded.Start(embedded.Config{}); err != nil {
-		fmt.Fprintln(os.Stderr, "embedded nats:", err)
-		os.Exit(1)
-	}
-	rabbit, rabbitErr = rabbittest.Start(context.Background())
-	code := m.Run()
-	srv.Shutdown()
-	if rabbit != nil {
-		rabbit.Stop()
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(semtest.Main(m, semtest.NATS|semtest.Rabbit, func(b semtest.Brokers) { srv, brokers = b.NATS, b }))
 }
 
 // backends are the brokers every group test runs on: the embedded NATS
@@ -73,12 +52,7 @@ func natsInit(t *testing.T) semgroup.InitFunc {
 
 func amqpInit(t *testing.T) semgroup.InitFunc {
 	t.Helper()
-	if rabbit == nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and no RabbitMQ: %v", rabbitErr)
-		}
-		t.Skipf("no RabbitMQ: %v", rabbitErr)
-	}
+	rabbit := brokers.RabbitFor(t)
 	c, err := amqpsem.Dial(bounded(t), rabbit.URL)
 	if err != nil {
 		t.Fatal(err)

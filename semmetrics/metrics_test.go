@@ -23,13 +23,7 @@ import (
 var srv *embedded.Server
 
 func TestMain(m *testing.M) {
-	var err error
-	if srv, err = embedded.Start(embedded.Config{}); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	srv.Shutdown()
-	os.Exit(code)
+	os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }))
 }
 
 func connect(t *testing.T) *nats.Conn {

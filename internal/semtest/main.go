@@ -1,0 +1,95 @@
+package semtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/natssem/embedded"
+)
+
+// Want says which brokers a test package talks to.
+type Want int
+
+const (
+	// NATS starts an embedded NATS server for the package.
+	NATS Want = 1 << iota
+	// Rabbit finds the RabbitMQ of $RABBITMQ_URL; tests that need it call
+	// Brokers.RabbitFor, which skips them without one (fails under CI).
+	Rabbit
+	// OnlyRabbit is for packages that test nothing without RabbitMQ: Main
+	// runs no test without one (and fails under CI=true).
+	OnlyRabbit
+)
+
+// Brokers are what Main found for a test package.
+type Brokers struct {
+	NATS      *embedded.Server   // with NATS
+	Rabbit    *rabbittest.Broker // with Rabbit or OnlyRabbit; nil when none is configured
+	RabbitErr error              // why Rabbit is nil
+}
+
+// RabbitFor returns the package's RabbitMQ for a test that needs one, and
+// skips the test without one (fails it under CI=true: a missing broker is
+// a failure there, not a skip).
+func (b Brokers) RabbitFor(t testing.TB) *rabbittest.Broker {
+	t.Helper()
+	if b.Rabbit == nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true and no RabbitMQ: %v", b.RabbitErr)
+		}
+		t.Skipf("no RabbitMQ: %v", b.RabbitErr)
+	}
+	return b.Rabbit
+}
+
+// Main is the body of the TestMain of a package whose tests talk to
+// brokers: it finds or starts the brokers want names, hands them to setup
+// (which keeps them in the package's variables), runs the tests, stops
+// what it started and runs after (in order), and fails a passing run that
+// leaked goroutines. Use it as
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }))
+//	}
+func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
+	var b Brokers
+	if want&(Rabbit|OnlyRabbit) != 0 {
+		b.Rabbit, b.RabbitErr = rabbittest.Start(context.Background())
+		if b.Rabbit == nil && want&OnlyRabbit != 0 {
+			if os.Getenv("CI") == "true" {
+				fmt.Fprintln(os.Stderr, "FAIL: CI=true and no RabbitMQ:", b.RabbitErr)
+				return 1
+			}
+			fmt.Fprintln(os.Stderr, "SKIP: no RabbitMQ for these tests:", b.RabbitErr)
+			return 0
+		}
+	}
+	if want&NATS != 0 {
+		srv, err := embedded.Start(embedded.Config{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "embedded nats:", err)
+			return 1
+		}
+		b.NATS = srv
+	}
+	setup(b)
+	code := m.Run()
+	if b.NATS != nil {
+		b.NATS.Shutdown()
+	}
+	for _, f := range after {
+		f()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
+			code = 1
+		}
+	}
+	return code
+}
