@@ -405,6 +405,13 @@ func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
 	return nil
 }
 
+// isSet reports whether the flag called name was given on the command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 func requireName(name string) error {
 	if name == "" {
 		return usageErr{errors.New("--name is required")}

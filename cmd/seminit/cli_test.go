@@ -314,6 +314,18 @@ func testExecWaitTimeout(t *testing.T, b broker) {
 		t.Errorf("stderr = %q, want it to say \"no permit\"", r.stderr)
 	}
 	t.Logf("exec --wait 300ms gave up after %v", r.elapsed.Round(time.Millisecond))
+
+	// --wait 0 tries once, as flock -w 0 does: no wait for a release.
+	r = b.seminit(t, "exec", "--name", name, "--wait", "0", "--", "echo", "must not run")
+	if r.code != exitNoPermit || !strings.Contains(r.stderr, "free now") || strings.Contains(r.stdout, "must not run") {
+		t.Fatalf("exec --wait 0 while the only permit is held: %v\nwant exit %d saying no permit is free now", r, exitNoPermit)
+	}
+	t.Logf("exec --wait 0 gave up after %v", r.elapsed.Round(time.Millisecond))
+	free := uniqueName(t)
+	b.mustInit(t, free, 1)
+	if r := b.seminit(t, "exec", "--name", free, "--wait", "0", "--", "echo", "ran"); r.code != exitOK || !strings.Contains(r.stdout, "ran") {
+		t.Fatalf("exec --wait 0 with a free permit: %v", r)
+	}
 	_, st := b.statusJSON(t, name)
 	if st.Held != 1 || st.Available != 0 || !st.Healthy {
 		t.Errorf("status with one holder = %+v", st)

@@ -25,7 +25,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	var g globals
 	g.register(fs)
 	name := fs.String("name", "", "semaphore name")
-	wait := fs.Duration("wait", 0, "give up (exit 75) if no permit comes within DUR (default: wait indefinitely)")
+	wait := fs.Duration("wait", 0, "give up (exit 75) if no permit comes within DUR; 0 tries once, as flock -w 0 (default: wait indefinitely)")
 	hold := fs.Duration("max-hold", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
 	lease := fs.Duration("lease", 0, "the lease you expect; the semaphore's stored lease (set by init) governs, and a different value is reported")
 	killAfter := fs.Duration("kill-after", 10*time.Second, "after SIGTERM, SIGKILL the command if it has not exited within DUR")
@@ -51,16 +51,25 @@ func runExec(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(e.stderr, "seminit exec: %s has a lease of %v (set by init); --lease %v does not change it\n", *name, l.Lease(), *lease)
 	}
 
-	actx, cancel := ctx, context.CancelFunc(func() {})
-	if *wait > 0 {
-		actx, cancel = context.WithTimeout(ctx, *wait)
+	var p tokensem.Permit
+	if isSet(fs, "wait") && *wait == 0 {
+		// Try once: the broker round trips are bounded by the request
+		// timeout, not by a wait.
+		p, err = s.TryAcquire(ctx)
+	} else {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if *wait > 0 {
+			actx, cancel = context.WithTimeout(ctx, *wait)
+		}
+		p, err = s.Acquire(actx)
+		cancel()
 	}
-	p, err := s.Acquire(actx)
-	cancel()
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
 		return exitCodeErr{code: signalExit(ctx), err: errors.New("interrupted while waiting for a permit")}
+	case errors.Is(err, tokensem.ErrNoPermit):
+		return exitCodeErr{code: exitNoPermit, err: fmt.Errorf("no permit of %s free now (--wait 0)", *name)}
 	case errors.Is(err, context.DeadlineExceeded):
 		return exitCodeErr{code: exitNoPermit, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
 	default:
