@@ -21,6 +21,10 @@ var (
 	// ErrPermitMismatch is returned by Init when the semaphore already exists
 	// with a different number of permits.
 	ErrPermitMismatch = errors.New("tokensem: permit count mismatch")
+	// ErrLeaseMismatch is returned by Init when a lease was asked for
+	// explicitly and the semaphore already exists with another one: the
+	// lease is fixed when the semaphore is created.
+	ErrLeaseMismatch = errors.New("tokensem: lease mismatch")
 	// ErrInvalidName is returned for a semaphore name that is not safe in
 	// NATS subjects and AMQP queue names (see ValidateName).
 	ErrInvalidName = errors.New("tokensem: invalid semaphore name")

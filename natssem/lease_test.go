@@ -174,3 +174,24 @@ func TestRequestTimeoutBoundedByLease(t *testing.T) {
 	}
 	_ = o.Close()
 }
+
+// The lease is fixed when the semaphore is created: Init asking for
+// another one is a mismatch; Init without WithLease uses the stored one.
+func TestInitLeaseMismatch(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	nc := dial(t, srv)
+	if _, err := Init(ctx, nc, "fixed", 1, WithLease(4*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Init(ctx, nc, "fixed", 1, WithLease(6*time.Second)); !errors.Is(err, tokensem.ErrLeaseMismatch) {
+		t.Fatalf("Init with another lease: err = %v, want ErrLeaseMismatch", err)
+	}
+	s, err := Init(ctx, nc, "fixed", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Lease() != 4*time.Second {
+		t.Fatalf("Init without WithLease: lease %v, want the stored 4s", s.Lease())
+	}
+}

@@ -73,7 +73,9 @@ type Semaphore struct {
 //
 // Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidPermits,
 // tokensem.ErrInvalidOption, tokensem.ErrPermitMismatch (exists with another
-// count), tokensem.ErrKeyMismatch, or a wrapped broker error.
+// count), tokensem.ErrLeaseMismatch (exists with another lease than the one
+// WithLease asked for; without WithLease the stored lease is used),
+// tokensem.ErrKeyMismatch, or a wrapped broker error.
 func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...Option) (*Semaphore, error) {
 	if err := tokensem.ValidateName(name); err != nil {
 		return nil, err
@@ -104,8 +106,8 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 		return nil, err
 	}
 	if cfg.Lease != o.Lease && o.leaseSet {
-		s.log.Warn("semaphore exists with another lease; using the stored one",
-			"semaphore", name, "stored", cfg.Lease, "requested", o.Lease)
+		return nil, fmt.Errorf("%w: %s has a lease of %v, not %v (the lease is set when the semaphore is created)",
+			tokensem.ErrLeaseMismatch, name, cfg.Lease, o.Lease)
 	}
 	if err := s.useLease(cfg.Lease); err != nil {
 		return nil, err

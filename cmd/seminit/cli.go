@@ -94,7 +94,7 @@ not listed here; its message says what), 64 usage or bad input, 69 broker
 unreachable or failing a request, 70 exec: permit lost (child stopped), 75 no
 permit within --wait (a waiter rides through a cluster's failover until then),
 or too many callers waiting already, 77 credentials
-refused, 78 not initialized or permit-count/key mismatch, 124 exec: --max-hold
+refused, 78 not initialized or permit-count/lease/key mismatch, 124 exec: --max-hold
 ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
 exits with the command's status. The command's environment carries
 TOKENSEM_NAME, TOKENSEM_SLOT (the token index) and TOKENSEM_FENCE (the fencing
@@ -377,7 +377,7 @@ func exitCode(err error) int {
 	case errors.As(err, &ua):
 		return exitUnavailable
 	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrPermitMismatch),
-		errors.Is(err, tokensem.ErrKeyMismatch):
+		errors.Is(err, tokensem.ErrLeaseMismatch), errors.Is(err, tokensem.ErrKeyMismatch):
 		return exitConfig
 	case errors.Is(err, tokensem.ErrUnavailable):
 		return exitUnavailable

@@ -190,6 +190,14 @@ func testInitStatus(t *testing.T, b broker) {
 	if r.code != exitConfig || !strings.Contains(r.stderr, "mismatch") {
 		t.Fatalf("init with another --permits: %v\nwant exit %d and \"mismatch\"", r, exitConfig)
 	}
+	if b.name == "nats" {
+		// The lease is fixed at creation: asking for another one is a
+		// mismatch naming both, not a silent success.
+		r = b.seminit(t, "init", "--name", name, "--permits", "3", "--lease", "7s")
+		if r.code != exitConfig || !strings.Contains(r.stderr, "lease of 15s, not 7s") {
+			t.Fatalf("init with another --lease: %v\nwant exit %d naming both leases", r, exitConfig)
+		}
+	}
 
 	raw, st := b.statusJSON(t, name)
 	for _, field := range []string{"name", "backend", "resource", "permits", "tokens", "available", "held", "waiting", "duplicates", "missing", "invalid", "healthy"} {

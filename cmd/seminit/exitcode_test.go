@@ -38,6 +38,7 @@ func TestExitCodes(t *testing.T) {
 		{"not initialized", wrapped(tokensem.ErrNotInitialized), exitConfig},
 		{"permit mismatch", wrapped(tokensem.ErrPermitMismatch), exitConfig},
 		{"key mismatch", wrapped(tokensem.ErrKeyMismatch), exitConfig},
+		{"lease mismatch", wrapped(tokensem.ErrLeaseMismatch), exitConfig},
 		{"credentials", authErr{wrapped(amqpsem.ErrAuth)}, exitNoAuth},
 		{"unreachable (dial)", unavailableErr{wrapped(amqpsem.ErrUnreachable)}, exitUnavailable},
 		{"TLS", unavailableErr{wrapped(amqpsem.ErrTLS)}, exitUnavailable},
