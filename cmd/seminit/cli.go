@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -287,17 +288,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
+		fmt.Fprintln(stdout, "seminit", version())
+		return exitOK
+	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "seminit: unknown command %q\n\n%s", args[0], usage)
+		hint := ""
+		if s := suggest(args[0]); s != "" {
+			hint = fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		fmt.Fprintf(stderr, "seminit: unknown command %q%s; seminit --help lists the commands\n", args[0], hint)
 		return exitUsage
 	}
 	err := cmd.run(ctx, env{stdout: stdout, stderr: stderr}, args[1:])
 	if err == nil {
 		return exitOK
 	}
-	if errors.Is(err, errHelp) {
-		fmt.Fprint(stdout, usage)
+	var he helpErr
+	if errors.As(err, &he) {
+		verbHelp(stdout, args[0], he.fs)
 		return exitOK
 	}
 	code := exitCode(err)
@@ -308,8 +318,105 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// errHelp asks for the usage text (-h or --help on a verb).
-var errHelp = errors.New("help requested")
+// helpErr asks for a verb's help (-h or --help after the verb).
+type helpErr struct{ fs *flag.FlagSet }
+
+func (helpErr) Error() string { return "help requested" }
+
+// verbHelp prints one verb's synopsis, from the usage text, and its flags
+// with their defaults.
+func verbHelp(w io.Writer, verb string, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "Usage:")
+	lines := strings.Split(usage, "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "  seminit "+verb+" ") {
+			fmt.Fprintln(w, l)
+			for _, more := range lines[i+1:] {
+				if !strings.HasPrefix(more, "         ") {
+					break
+				}
+				fmt.Fprintln(w, more)
+			}
+		}
+	}
+	fmt.Fprintln(w, "\nFlags:")
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, text := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" &&
+			!strings.Contains(text, "(default") {
+			text += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n      %s\n", line, text)
+	})
+	fmt.Fprintln(w, "\nseminit --help shows every verb, the URL and credential rules and the exit codes.")
+}
+
+// suggest returns the verb closest to an unknown one, for a hint: one
+// that starts with it or differs in at most two letters.
+func suggest(unknown string) string {
+	best, bestDist := "", 3
+	for verb := range commands {
+		if strings.HasPrefix(verb, unknown) && len(unknown) >= 2 {
+			return verb
+		}
+		if d := editDistance(unknown, verb); d < bestDist {
+			best, bestDist = verb, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+// version is seminit's version from the build information: the module
+// version for go install, else the VCS revision the binary was built from.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = "+dirty"
+			}
+		}
+	}
+	if (v == "" || v == "(devel)") && rev != "" {
+		v = rev[:min(12, len(rev))] + modified
+	}
+	if v == "" {
+		v = "(devel)"
+	}
+	return v + " (" + bi.GoVersion + ")"
+}
 
 // signalErr is the cause of the context main cancels on SIGINT or SIGTERM.
 type signalErr struct{ sig syscall.Signal }
@@ -395,9 +502,9 @@ func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
+			return helpErr{fs}
 		}
-		return usageErr{err}
+		return usageErr{errors.New(twoDashes(err.Error()))}
 	}
 	if !allowArgs && fs.NArg() > 0 {
 		return usageErr{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
@@ -405,11 +512,29 @@ func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
 	return nil
 }
 
+// twoDashes writes the flag names in the flag package's messages ("flag
+// provided but not defined: -x", "invalid value ... for flag -x") with two
+// dashes, as the help and the README do.
+func twoDashes(msg string) string {
+	for _, p := range []string{"defined: -", "for flag -", "argument: -", " for -"} {
+		msg = strings.Replace(msg, p, p+"-", 1)
+	}
+	return msg
+}
+
 // isSet reports whether the flag called name was given on the command line.
 func isSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// requirePermits checks --permits: given, and a valid count.
+func requirePermits(fs *flag.FlagSet, permits int) error {
+	if !isSet(fs, "permits") {
+		return usageErr{errors.New("--permits is required")}
+	}
+	return tokensem.ValidatePermits(permits)
 }
 
 func requireName(name string) error {

@@ -5,8 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"time"
-
-	"github.com/tokensem/tokensem"
 )
 
 // runInit creates a semaphore, or checks an existing one has the same
@@ -25,7 +23,7 @@ func runInit(ctx context.Context, e env, args []string) error {
 	if err := requireName(*name); err != nil {
 		return err
 	}
-	if err := tokensem.ValidatePermits(*permits); err != nil {
+	if err := requirePermits(fs, *permits); err != nil {
 		return err
 	}
 	key, err := g.key()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -37,7 +36,7 @@ func runResize(ctx context.Context, e env, args []string) error {
 	if err := requireName(*name); err != nil {
 		return err
 	}
-	if err := tokensem.ValidatePermits(*permits); err != nil {
+	if err := requirePermits(fs, *permits); err != nil {
 		return err
 	}
 	s, done, err := openSemaphore(ctx, &g, *name)
