@@ -1,6 +1,9 @@
 package tokensem
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors shared by every backend. Backends wrap broker errors with
 // %w so that errors.Is matches both the sentinel and the cause.
@@ -52,3 +55,24 @@ var (
 	// waiting caller (the waiter limit set when the semaphore was created).
 	ErrTooManyWaiters = errors.New("tokensem: too many waiters")
 )
+
+// PermitMismatchError is the error Init returns when the semaphore exists
+// with another number of permits; errors.Is matches it to
+// ErrPermitMismatch, and errors.As gives both counts:
+//
+//	var pm *tokensem.PermitMismatchError
+//	if errors.As(err, &pm) {
+//		log.Printf("%s has %d permits; resize it to use %d", pm.Name, pm.Have, pm.Want)
+//	}
+type PermitMismatchError struct {
+	Name string // the semaphore
+	Have int    // permits it has
+	Want int    // permits Init asked for
+}
+
+func (e *PermitMismatchError) Error() string {
+	return fmt.Sprintf("%v: %s has %d permits, not %d", ErrPermitMismatch, e.Name, e.Have, e.Want)
+}
+
+// Is makes errors.Is(err, ErrPermitMismatch) hold.
+func (e *PermitMismatchError) Is(target error) bool { return target == ErrPermitMismatch }

@@ -69,7 +69,7 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 	switch {
 	case err == nil && cfg.ready():
 		if cfg.Permits != permits {
-			return nil, fmt.Errorf("%w: %s has %d permits, not %d", tokensem.ErrPermitMismatch, name, cfg.Permits, permits)
+			return nil, &tokensem.PermitMismatchError{Name: name, Have: cfg.Permits, Want: permits}
 		}
 		if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 			return nil, err

@@ -346,7 +346,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 			return config{}, err
 		}
 		if cfg.Permits != permits {
-			return config{}, fmt.Errorf("%w: %s has %d permits, not %d", tokensem.ErrPermitMismatch, s.name, cfg.Permits, permits)
+			return config{}, &tokensem.PermitMismatchError{Name: s.name, Have: cfg.Permits, Want: permits}
 		}
 		if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 			return config{}, err

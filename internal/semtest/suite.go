@@ -182,6 +182,10 @@ func testInitIdempotentAndMismatch(t *testing.T, b Backend) {
 	if !errors.Is(err, tokensem.ErrPermitMismatch) {
 		t.Fatalf("init with another N: err = %v, want ErrPermitMismatch", err)
 	}
+	var pm *tokensem.PermitMismatchError
+	if !errors.As(err, &pm) || pm.Name != name || pm.Have != 5 || pm.Want != 6 {
+		t.Fatalf("init with another N: err = %v, want a PermitMismatchError of %s with 5 and 6", err, name)
+	}
 	if st := status(t, s); st.Tokens != 5 || !st.Healthy || st.Permits != 5 {
 		t.Fatalf("a refused init changed the semaphore: %+v", st)
 	}
