@@ -29,6 +29,11 @@ type Semaphore interface {
 
 // Permit is one held permit. It owns the renewal of its lease until it is
 // released or lost.
+//
+// Deadline is not part of the interface because only a lease has one: a
+// natssem permit's Deadline method gives the local time it is lost unless
+// a renewal lands first (the permit renews itself well before), while an
+// amqpsem permit has none: it is held until its connection drops.
 type Permit interface {
 	// Token returns the token this permit holds.
 	Token() Token

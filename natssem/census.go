@@ -12,9 +12,9 @@ import (
 	"github.com/tokensem/tokensem/reconciler"
 )
 
-// StoredToken is one message of the token stream, read without consuming
+// storedToken is one message of the token stream, read without consuming
 // it (held tokens included).
-type StoredToken struct {
+type storedToken struct {
 	Seq  uint64
 	Data []byte
 }
@@ -24,7 +24,7 @@ const scanBatch = 1000
 
 // scanTokens reads every message of the token stream with batched direct
 // gets: non-destructive, and it sees held (unacked) tokens too.
-func (s *Semaphore) scanTokens(ctx context.Context) ([]StoredToken, error) {
+func (s *Semaphore) scanTokens(ctx context.Context) ([]storedToken, error) {
 	inbox := s.nc.NewInbox()
 	sub, err := s.nc.SubscribeSync(inbox)
 	if err != nil {
@@ -32,7 +32,7 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]StoredToken, error) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	subj := "$JS.API.DIRECT.GET." + StreamName(s.name)
-	var out []StoredToken
+	var out []storedToken
 	next := uint64(1)
 	for {
 		req, _ := json.Marshal(map[string]any{"seq": next, "batch": scanBatch})
@@ -55,7 +55,7 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]StoredToken, error) {
 				if err != nil {
 					return nil, fmt.Errorf("natssem: direct get without a sequence: %w", err)
 				}
-				out = append(out, StoredToken{Seq: seq, Data: m.Data})
+				out = append(out, storedToken{Seq: seq, Data: m.Data})
 				next = seq + 1
 			case "204": // end of this batch
 				more = m.Header.Get("Nats-Num-Pending") != "0"
