@@ -128,7 +128,10 @@ func (p *Permit) giveBack() error {
 
 // Release returns the token to the queue, where the broker hands it to the
 // longest waiter. A second call returns tokensem.ErrReleased; after a loss
-// it returns the loss and touches nothing.
+// it returns the loss and touches nothing. ctx is not used: the release is
+// one round trip (the claim's cancel) and a one-way reject, bounded by the
+// connection's heartbeat, and a connection that fails meanwhile requeues
+// the token anyway.
 //
 // Errors: tokensem.ErrReleased, an error wrapping tokensem.ErrLeaseLost.
 func (p *Permit) Release(ctx context.Context) error {
