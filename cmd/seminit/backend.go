@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strings"
@@ -36,6 +37,7 @@ type semOptions struct {
 	replicas int           // 0: default
 	key      []byte
 	timeout  time.Duration
+	log      *slog.Logger // nil: the libraries' default (discard)
 }
 
 // connect dials the broker named by g.url, one URL or a comma-separated
@@ -111,7 +113,7 @@ func connectAMQP(ctx context.Context, g *globals, us []*url.URL) (backend, error
 			u.User = url.UserPassword(cr.user, cr.password)
 		}
 	}
-	var opts []amqpsem.DialOption
+	opts := []amqpsem.DialOption{amqpsem.WithDialLogger(g.logger())}
 	tc, err := g.tlsConfig()
 	if err != nil {
 		return nil, err
@@ -150,6 +152,9 @@ func (b amqpBackend) options(o semOptions) ([]amqpsem.Option, error) {
 	var opts []amqpsem.Option
 	if o.key != nil {
 		opts = append(opts, amqpsem.WithKey(o.key))
+	}
+	if o.log != nil {
+		opts = append(opts, amqpsem.WithLogger(o.log))
 	}
 	if o.timeout != 0 {
 		opts = append(opts, amqpsem.WithRequestTimeout(o.timeout))
@@ -348,6 +353,9 @@ func isNATSAuth(err error) bool {
 
 func (b natsBackend) options(o semOptions) []natssem.Option {
 	var opts []natssem.Option
+	if o.log != nil {
+		opts = append(opts, natssem.WithLogger(o.log))
+	}
 	if o.lease != 0 {
 		opts = append(opts, natssem.WithLease(o.lease))
 	}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -48,7 +49,7 @@ Usage:
   seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
 
-Flags common to init, status and exec:
+Flags common to init, status, exec, reconcile and resize:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS
                    JetStream), amqp:// or amqps:// (RabbitMQ). A comma-separated
                    list names the nodes of one cluster: seminit connects to the
@@ -56,6 +57,8 @@ Flags common to init, status and exec:
                    $TOKENSEM_URL, else ` + DefaultURL + `
   --json           machine-readable output
   --timeout DUR    bound on each broker round trip (default 10s)
+  --log-level L    the libraries' log on stderr from L: debug, info, warn
+                   (default) or error
   --key-file PATH  shared token signing key (else $TOKENSEM_KEY, else unsigned)
 
 Credentials and TLS (common to the same verbs; credentials in the URL,
@@ -120,6 +123,13 @@ type globals struct {
 	tlsInsecure            bool
 
 	warn io.Writer // warnings (--tls-insecure): the process's stderr
+
+	logLevel slog.Level // --log-level: the libraries' log on stderr
+}
+
+// logger is the libraries' log: text on stderr, from --log-level up.
+func (g *globals) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(g.warn, &slog.HandlerOptions{Level: g.logLevel}))
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -150,6 +160,13 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate")
 	fs.StringVar(&g.tlsKey, "tls-key", "", "PEM key of the client certificate")
 	fs.BoolVar(&g.tlsInsecure, "tls-insecure", false, "do not verify the broker's certificate")
+	g.logLevel = slog.LevelWarn
+	fs.Func("log-level", "the libraries' log on stderr from this level: debug, info, warn or error (default warn)", func(v string) error {
+		if err := g.logLevel.UnmarshalText([]byte(v)); err != nil {
+			return fmt.Errorf("want debug, info, warn or error, not %q", v)
+		}
+		return nil
+	})
 	g.warn = os.Stderr
 }
 

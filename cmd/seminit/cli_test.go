@@ -86,6 +86,7 @@ func TestUsage(t *testing.T) {
 		{"verb help", []string{"status", "-h"}, exitOK, "Usage:\n  seminit status", ""},
 		{"exec help", []string{"exec", "--help"}, exitOK, "--wait duration\n      give up (exit 75)", ""},
 		{"zero timeout", []string{"status", "--url", unreachable, "--name", "x", "--timeout", "0s"}, exitUsage, "", "--timeout"},
+		{"bad log level", []string{"status", "--url", unreachable, "--name", "x", "--log-level", "loud"}, exitUsage, "", "want debug, info, warn or error"},
 		{"exec negative max-hold", []string{"exec", "--url", unreachable, "--name", "x", "--max-hold", "-1s", "--", "true"}, exitUsage, "", "must not be negative"},
 	}
 	for _, tc := range tests {
@@ -184,9 +185,12 @@ func TestInitStatus(t *testing.T) { forEachBroker(t, testInitStatus) }
 
 func testInitStatus(t *testing.T, b broker) {
 	name := uniqueName(t)
-	r := b.seminit(t, "init", "--name", name, "--permits", "3")
+	r := b.seminit(t, "init", "--name", name, "--permits", "3", "--log-level", "info")
 	if r.code != exitOK || !strings.Contains(r.stdout, name+" ready: 3 permits") || !strings.Contains(r.stdout, "healthy") {
 		t.Fatalf("init: %v", r)
+	}
+	if !strings.Contains(r.stderr, "level=INFO msg=\"semaphore created\"") {
+		t.Errorf("init --log-level info: stderr %q, want the library's log of the creation", r.stderr)
 	}
 	r = b.seminit(t, "init", "--name", name, "--permits", "3")
 	if r.code != exitOK || !strings.Contains(r.stdout, name+" ready: 3 permits") {

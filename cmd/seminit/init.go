@@ -37,7 +37,7 @@ func runInit(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer b.close()
-	s, err := b.init(ctx, *name, *permits, semOptions{lease: *lease, replicas: *replicas, key: key, timeout: g.requestTimeout()})
+	s, err := b.init(ctx, *name, *permits, semOptions{lease: *lease, replicas: *replicas, key: key, timeout: g.requestTimeout(), log: g.logger()})
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func openSemaphore(ctx context.Context, g *globals, name string) (s tokensem.Sem
 	if err != nil {
 		return nil, nil, err
 	}
-	s, err = b.open(octx, name, semOptions{key: key, timeout: g.requestTimeout()})
+	s, err = b.open(octx, name, semOptions{key: key, timeout: g.requestTimeout(), log: g.logger()})
 	if err != nil {
 		b.close()
 		return nil, nil, err
