@@ -28,6 +28,10 @@ var (
 	// explicitly and the semaphore already exists with another one: the
 	// lease is fixed when the semaphore is created.
 	ErrLeaseMismatch = errors.New("tokensem: lease mismatch")
+	// ErrHeld is returned by a backend's Delete while any permit of the
+	// semaphore is held; the semaphore is left unchanged. ForceDelete
+	// deletes it anyway.
+	ErrHeld = errors.New("tokensem: semaphore has holders")
 	// ErrInvalidName is returned for a semaphore name that is not safe in
 	// NATS subjects and AMQP queue names (see ValidateName).
 	ErrInvalidName = errors.New("tokensem: invalid semaphore name")

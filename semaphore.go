@@ -73,6 +73,17 @@ type Status struct {
 	Warnings  []string      `json:"warnings,omitempty"` // anything odd the census noticed
 }
 
+// Info describes one semaphore found by a backend's List.
+type Info struct {
+	Name    string        `json:"name"`
+	Backend string        `json:"backend"`            // "nats" or "amqp"
+	Permits int           `json:"permits"`            // configured N
+	Lease   time.Duration `json:"lease_ns,omitempty"` // holders' lease (NATS)
+	// State is "ready", or "creating" for a semaphore whose Init has not
+	// finished (or died half-way; the next Init starts it over).
+	State string `json:"state"`
+}
+
 // Holder describes one held permit in a Status. Owner and Since are empty
 // where the backend cannot tell (RabbitMQ).
 type Holder struct {

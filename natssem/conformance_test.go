@@ -98,6 +98,16 @@ func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.B
 			nc.(*nats.Conn).Close()
 		},
 		Inventory: func(s tokensem.Semaphore) reconciler.Inventory { return s.(*natssem.Semaphore).Inventory() },
+		Delete: func(t testing.TB, name string, force bool) error {
+			nc := connect(t, spread(addrs[0]))
+			if force {
+				return natssem.ForceDelete(semtest.Context(t, time.Minute), nc, name)
+			}
+			return natssem.Delete(semtest.Context(t, time.Minute), nc, name)
+		},
+		List: func(t testing.TB) ([]tokensem.Info, error) {
+			return natssem.List(semtest.Context(t, time.Minute), connect(t, spread(addrs[0])))
+		},
 	}
 }
 

@@ -111,6 +111,9 @@ func (p *Permit) run() {
 			case errors.Is(err, errTakenOver), errors.Is(err, nats.ErrConnectionClosed):
 				p.lose(err)
 				return
+			case p.s.gone(p.ctx):
+				p.lose(fmt.Errorf("%w (renewal: %v)", errDeleted, err))
+				return
 			default:
 				lastErr = err
 				p.s.log.Warn("permit renewal failed; retrying", "index", p.d.tok.Index, "err", err)

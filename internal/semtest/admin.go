@@ -2,11 +2,13 @@ package semtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -98,5 +100,88 @@ func testConcurrentAdmin(t *testing.T, b Backend) {
 	defer releaseAll(t, ps)
 	if len(ps) != 3 {
 		t.Fatalf("after resizing to 3: %d usable permits", len(ps))
+	}
+}
+
+// testDelete: Delete refuses while a permit is held and changes nothing;
+// ForceDelete removes the semaphore anyway, its holder loses its permit and
+// its waiter gives up with ErrNotInitialized; the name is then free for an
+// Init with another count; List follows along.
+func testDelete(t *testing.T, b Backend) {
+	if b.Delete == nil {
+		t.Skip("the backend cannot delete")
+	}
+	name := uniqueName(t)
+	s := mustInit(t, b, name, 1, Options{Lease: 2 * time.Second})
+	listed := func() (tokensem.Info, bool) {
+		t.Helper()
+		if b.List == nil {
+			return tokensem.Info{}, false
+		}
+		infos, err := b.List(t)
+		if err != nil {
+			t.Fatalf("list: %v", err)
+		}
+		for _, in := range infos {
+			if in.Name == name {
+				return in, true
+			}
+		}
+		return tokensem.Info{}, false
+	}
+	if in, ok := listed(); b.List != nil && (!ok || in.Permits != 1 || in.State != "ready") {
+		t.Fatalf("list after init: %+v (found %v)", in, ok)
+	}
+
+	p := mustAcquire(t, s, 10*time.Second)
+	waiterClient := mustOpen(t, b, b.Addr, name, Options{})
+	waited := make(chan error, 1)
+	go func() {
+		_, err := waiterClient.Acquire(Context(t, time.Minute))
+		waited <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the waiter is queued
+	if err := b.Delete(t, name, false); !errors.Is(err, tokensem.ErrHeld) {
+		t.Fatalf("delete while a permit is held: err = %v, want ErrHeld", err)
+	}
+	if st := status(t, s); st.Held != 1 || st.Permits != 1 {
+		t.Fatalf("a refused delete changed the semaphore: %+v", st)
+	}
+
+	if err := b.Delete(t, name, true); err != nil {
+		t.Fatalf("forced delete: %v", err)
+	}
+	select {
+	case <-p.Done():
+		if !errors.Is(p.Err(), tokensem.ErrLeaseLost) {
+			t.Errorf("holder after a forced delete: Err = %v, want ErrLeaseLost", p.Err())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder did not learn within 10s that its semaphore was deleted")
+	}
+	select {
+	case err := <-waited:
+		if !errors.Is(err, tokensem.ErrNotInitialized) {
+			t.Errorf("waiter after a forced delete: err = %v, want ErrNotInitialized", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiter still waits 20s after its semaphore was deleted")
+	}
+	if _, err := b.Open(t, b.Addr, name, Options{}); !errors.Is(err, tokensem.ErrNotInitialized) {
+		t.Fatalf("open after delete: err = %v, want ErrNotInitialized", err)
+	}
+	if in, ok := listed(); ok {
+		t.Fatalf("list after delete still shows %+v", in)
+	}
+	if err := b.Delete(t, name, false); !errors.Is(err, tokensem.ErrNotInitialized) {
+		t.Fatalf("second delete: err = %v, want ErrNotInitialized", err)
+	}
+
+	again := mustInit(t, b, name, 3, Options{})
+	if st := status(t, again); st.Permits != 3 || st.Tokens != 3 || !st.Healthy {
+		t.Fatalf("init after delete with another count: %+v", st)
+	}
+	if err := b.Delete(t, name, false); err != nil {
+		t.Fatalf("delete with no holder: %v", err)
 	}
 }

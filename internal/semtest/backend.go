@@ -32,6 +32,11 @@ type Backend struct {
 	// Inventory returns the reconciler's view of a semaphore the backend
 	// opened.
 	Inventory func(s tokensem.Semaphore) reconciler.Inventory
+	// Delete deletes semaphore name (Delete, or ForceDelete if force)
+	// through a connection of its own.
+	Delete func(t testing.TB, name string, force bool) error
+	// List lists the broker's semaphores.
+	List func(t testing.TB) ([]tokensem.Info, error)
 }
 
 // Options are the semaphore options the suite varies.

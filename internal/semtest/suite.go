@@ -38,6 +38,7 @@ func Run(t *testing.T, b Backend) {
 		{"Close", testClose},
 		{"GrowSeenByStaleClient", testGrowSeenByStaleClient},
 		{"ConcurrentResizeAndReconcile", testConcurrentAdmin},
+		{"Delete", testDelete},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
