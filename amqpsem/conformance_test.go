@@ -110,6 +110,17 @@ func amqpBackend() semtest.Backend {
 			_ = c.(*amqpsem.Conn).Close()
 		},
 		Inventory: func(s tokensem.Semaphore) reconciler.Inventory { return s.(*amqpsem.Semaphore).Inventory() },
+		Delete: func(t testing.TB, name string, force bool) error {
+			c, err := amqpsem.Dial(semtest.Context(t, time.Minute), broker.URL)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if force {
+				return amqpsem.ForceDelete(semtest.Context(t, time.Minute), c, name)
+			}
+			return amqpsem.Delete(semtest.Context(t, time.Minute), c, name)
+		},
 	}
 }
 

@@ -63,7 +63,7 @@ func (p *Permit) run() {
 		case <-p.pc.claimCancelled:
 			if err := p.reclaim(); err != nil {
 				_ = p.pc.ch.Close() // the token goes back
-				p.lose(fmt.Errorf("amqpsem: slot claim lost with its queue's node and not regained: %w", err))
+				p.lose(fmt.Errorf("amqpsem: slot claim cancelled and not regained: %w", err))
 				return
 			}
 			continue
@@ -81,7 +81,19 @@ func (p *Permit) run() {
 // second token of the slot could claim it only if a reconciler issued one
 // meanwhile, and a reconciler checks a missing slot's claim again after
 // claimSettle before it issues one.
+//
+// A claim is also cancelled when the semaphore is deleted (ForceDelete
+// deletes the token queue before the claim queues): then there is nothing
+// to claim again.
 func (p *Permit) reclaim() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*p.s.opts.RequestTimeout)
+	defer cancel()
+	switch exists, err := p.s.queueExists(ctx, QueueName(p.s.name)); {
+	case err != nil:
+		return err
+	case !exists:
+		return errDeleted
+	}
 	p.s.log.Warn("slot claim cancelled by the broker (its queue's node went away); claiming again", "index", p.tok.Index)
 	p.s.forgetClaim(p.tok.Index)
 	return p.s.claimSlot(p.pc, p.tok.Index)

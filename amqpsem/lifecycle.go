@@ -1,0 +1,134 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+)
+
+// errDeleted is the cause of the loss of a permit whose semaphore was
+// deleted.
+var errDeleted = errors.New("amqpsem: the semaphore was deleted")
+
+// Delete removes semaphore name, under its creation lock (no Init,
+// reconcile or resize runs meanwhile): its configuration queue first, so
+// that nobody can open it any more, then its token queue, its slots' claim
+// queues and the configuration queue of an older layout. While any permit
+// is held it returns an error wrapping tokensem.ErrHeld and changes
+// nothing. A permit taken while Delete runs is lost as with ForceDelete.
+// Delete finishes a delete that was cut short; afterwards Init of the same
+// name with other values succeeds. No signing key is needed.
+//
+// Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
+// that name exists), tokensem.ErrHeld, or a wrapped broker error.
+func Delete(ctx context.Context, c *Conn, name string) error {
+	return deleteSemaphore(ctx, c, name, false)
+}
+
+// ForceDelete removes semaphore name as Delete does, held permits or not.
+// The broker cancels every consumer of the deleted queues: holders lose
+// their permits (Done closes with an error wrapping tokensem.ErrLeaseLost)
+// and waiters in Acquire return tokensem.ErrNotInitialized.
+func ForceDelete(ctx context.Context, c *Conn, name string) error {
+	return deleteSemaphore(ctx, c, name, true)
+}
+
+func deleteSemaphore(ctx context.Context, c *Conn, name string, force bool) error {
+	if err := tokensem.ValidateName(name); err != nil {
+		return err
+	}
+	s, err := newSemaphore(c, name, nil)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return s.retry(ctx, "delete", func() error { return s.delete(ctx, force) })
+}
+
+func (s *Semaphore) delete(ctx context.Context, force bool) error {
+	unlock, err := s.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	cfg, err := s.loadConfig(ctx)
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, errLegacyLayout):
+		// No current configuration: whatever is left of a creation or a
+		// delete cut short, or an older layout, goes.
+		found, err := s.deleteQueues(ctx, 0)
+		if err == nil && !found {
+			return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+		}
+		return err
+	case err != nil:
+		return err
+	}
+	s.setConfig(cfg)
+	if !force && cfg.ready() {
+		st, err := s.status(ctx)
+		if err != nil {
+			return err
+		}
+		if st.Held > 0 {
+			return fmt.Errorf("%w: %s: %d of %d permits are held", tokensem.ErrHeld, s.name, st.Held, st.Permits)
+		}
+	}
+	_, err = s.deleteQueues(ctx, cfg.Permits)
+	if err == nil {
+		s.log.Info("semaphore deleted")
+	}
+	return err
+}
+
+// deleteQueues deletes the semaphore's queues, configuration first, and
+// the claim queues of slots [0, permits); found says any of them existed.
+// A claim queue of a slot retired by a shrink that nobody held since is
+// not known here: it is not durable, and goes with its node's next
+// restart.
+func (s *Semaphore) deleteQueues(ctx context.Context, permits int) (found bool, err error) {
+	queues := []string{configQueue(s.name), QueueName(s.name), legacyConfigQueue(s.name)}
+	for i := range permits {
+		queues = append(queues, claimQueue(s.name, i))
+	}
+	for i, q := range queues {
+		if i < 3 {
+			exists, err := s.queueExists(ctx, q)
+			if err != nil {
+				return found, err
+			}
+			if !exists {
+				continue
+			}
+			found = true
+		}
+		if err := s.deleteQueue(ctx, q); err != nil {
+			return found, err
+		}
+	}
+	return found, nil
+}
+
+// deleteQueue deletes queue q; a queue that does not exist is deleted
+// already.
+func (s *Semaphore) deleteQueue(ctx context.Context, q string) error {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	err = rpc(rctx, ch, func() error {
+		_, err := ch.QueueDelete(q, false, false, false)
+		return err
+	})
+	if err != nil && !isCode(err, amqp.NotFound) {
+		return wrapBrokerErr("delete queue "+q, err)
+	}
+	return nil
+}
