@@ -111,15 +111,23 @@ func amqpBackend() semtest.Backend {
 		},
 		Inventory: func(s tokensem.Semaphore) reconciler.Inventory { return s.(*amqpsem.Semaphore).Inventory() },
 		Delete: func(t testing.TB, name string, force bool) error {
-			c, err := amqpsem.Dial(semtest.Context(t, time.Minute), broker.URL)
+			c, err := amqpsem.Dial(semtest.CleanupContext(t, time.Minute), broker.URL)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
 			if force {
-				return amqpsem.ForceDelete(semtest.Context(t, time.Minute), c, name)
+				return amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, name)
 			}
-			return amqpsem.Delete(semtest.Context(t, time.Minute), c, name)
+			return amqpsem.Delete(semtest.CleanupContext(t, time.Minute), c, name)
+		},
+		List: func(t testing.TB) ([]tokensem.Info, error) {
+			c, err := amqpsem.Dial(semtest.Context(t, time.Minute), broker.URL)
+			if err != nil {
+				return nil, err
+			}
+			defer c.Close()
+			return amqpsem.List(semtest.Context(t, time.Minute), c)
 		},
 	}
 }

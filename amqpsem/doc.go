@@ -89,6 +89,14 @@
 // duplicate once it returns. To release the orphans, restart the node that
 // leads the token queue (rabbitmq-queues quorum_status names it).
 //
+// # Listing and deleting
+//
+// AMQP cannot list queues, so Init registers every semaphore it creates in
+// a registry queue, and List reads it (see registry.go for how it stays
+// right under concurrent Init, List and Delete). Delete and ForceDelete
+// remove the semaphore's queues and its registry entries under its
+// creation lock.
+//
 // # Connections, TLS and credentials
 //
 // Dial takes amqp:// or amqps:// URLs (or a list of them) with credentials

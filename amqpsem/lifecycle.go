@@ -61,10 +61,16 @@ func (s *Semaphore) delete(ctx context.Context, force bool) error {
 		// No current configuration: whatever is left of a creation or a
 		// delete cut short, or an older layout, goes.
 		found, err := s.deleteQueues(ctx, 0)
-		if err == nil && !found {
+		if err != nil {
+			return err
+		}
+		if err := s.unregister(ctx); err != nil {
+			return err
+		}
+		if !found {
 			return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 		}
-		return err
+		return nil
 	case err != nil:
 		return err
 	}
@@ -78,11 +84,11 @@ func (s *Semaphore) delete(ctx context.Context, force bool) error {
 			return fmt.Errorf("%w: %s: %d of %d permits are held", tokensem.ErrHeld, s.name, st.Held, st.Permits)
 		}
 	}
-	_, err = s.deleteQueues(ctx, cfg.Permits)
-	if err == nil {
-		s.log.Info("semaphore deleted")
+	if _, err := s.deleteQueues(ctx, cfg.Permits); err != nil {
+		return err
 	}
-	return err
+	s.log.Info("semaphore deleted")
+	return s.unregister(ctx)
 }
 
 // deleteQueues deletes the semaphore's queues, configuration first, and

@@ -211,61 +211,9 @@ func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, s.opts.RequestTimeout)
 }
 
-// lock takes the semaphore's creation lock: an exclusive queue, which a
-// second connection cannot declare (405 RESOURCE_LOCKED) and which the
-// broker deletes if the holder's connection dies.
+// lock takes the semaphore's creation lock (see lockQueue).
 func (s *Semaphore) lock(ctx context.Context) (func(), error) {
-	local := s.c.localLock(s.name)
-	if !tryLock(ctx, local) {
-		return nil, fmt.Errorf("amqpsem: waiting for another Init or reconcile of %s: %w", s.name, ctx.Err())
-	}
-	unlock, err := s.lockBroker(ctx)
-	if err != nil {
-		local.Unlock()
-		return nil, err
-	}
-	return func() { unlock(); local.Unlock() }, nil
-}
-
-// tryLock locks m unless ctx ends first.
-func tryLock(ctx context.Context, m *sync.Mutex) bool {
-	for !m.TryLock() {
-		if backoff.Sleep(ctx, 5*time.Millisecond) != nil {
-			return false
-		}
-	}
-	return true
-}
-
-// lockBroker takes the broker-side lock queue.
-func (s *Semaphore) lockBroker(ctx context.Context) (func(), error) {
-	for {
-		ch, _, err := s.c.channel(ctx)
-		if err != nil {
-			return nil, err
-		}
-		rctx, cancel := s.rtt(ctx)
-		err = rpc(rctx, ch, func() error {
-			_, err := ch.QueueDeclare(lockQueue(s.name), false, false, true, false, nil)
-			return err
-		})
-		cancel()
-		if err == nil {
-			return func() {
-				_, _ = ch.QueueDelete(lockQueue(s.name), false, false, false)
-				_ = ch.Close()
-			}, nil
-		}
-		if !isCode(err, amqp.ResourceLocked) {
-			_ = ch.Close()
-			return nil, wrapBrokerErr("taking the creation lock of "+s.name, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("amqpsem: waiting for another Init of %s: %w", s.name, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return s.lockQueue(ctx, lockQueue(s.name), "another Init, reconcile or delete of "+s.name)
 }
 
 // create makes the semaphore, under the creation lock: first its
@@ -281,6 +229,11 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config) (conf
 	defer ch.Close()
 	cfg := config{Version: configVersion, Seq: 1, State: stateCreating, Permits: permits, Epoch: 1,
 		KeyCheck: s.codec.KeyCheck(), QueueType: s.opts.queueType, Created: time.Now().UnixMilli()}
+	// Registered first: every semaphore that exists has an entry (see
+	// registry.go).
+	if err := s.register(ctx, sess.version); err != nil {
+		return config{}, err
+	}
 	if prev == nil {
 		err = s.createConfig(ctx, cfg, sess.version)
 	} else {

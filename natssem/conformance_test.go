@@ -101,9 +101,9 @@ func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.B
 		Delete: func(t testing.TB, name string, force bool) error {
 			nc := connect(t, spread(addrs[0]))
 			if force {
-				return natssem.ForceDelete(semtest.Context(t, time.Minute), nc, name)
+				return natssem.ForceDelete(semtest.CleanupContext(t, time.Minute), nc, name)
 			}
-			return natssem.Delete(semtest.Context(t, time.Minute), nc, name)
+			return natssem.Delete(semtest.CleanupContext(t, time.Minute), nc, name)
 		},
 		List: func(t testing.TB) ([]tokensem.Info, error) {
 			return natssem.List(semtest.Context(t, time.Minute), connect(t, spread(addrs[0])))

@@ -88,6 +88,13 @@
 // unset, they default to the smaller of tokensem.DefaultRequestTimeout and
 // a quarter of the lease.
 //
+// # Listing and deleting
+//
+// List reads the server's KV buckets; Delete and ForceDelete remove the
+// bucket, then the stream. A holder of a deleted semaphore learns it at its
+// next renewal (no responders, then the bucket is not found), a waiter
+// when its pull is refused.
+//
 // # Limits
 //
 // Callers that wait longer than the pull expiry (default 5 minutes)

@@ -200,12 +200,24 @@ func (s *Semaphore) refuseHeld(ctx context.Context) error {
 var errDeleted = errors.New("natssem: the semaphore was deleted")
 
 // gone reports whether the semaphore's bucket no longer exists (it was
-// deleted), as opposed to not answering.
-func (s *Semaphore) gone(ctx context.Context) bool {
-	rctx, cancel := context.WithTimeout(ctx, min(s.opts.RequestTimeout, time.Second))
+// deleted), as opposed to not answering. It asks by deadline at the
+// latest: a holder must give its permit up at its deadline whatever gone
+// learns.
+func (s *Semaphore) gone(ctx context.Context, deadline time.Time) bool {
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	rctx, cancel = context.WithTimeout(rctx, s.opts.RequestTimeout)
 	defer cancel()
 	_, err := s.js.KeyValue(rctx, BucketName(s.name))
 	return errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+// answered reports whether a failed request got an answer (a missing
+// stream answers "no responders" at once), rather than timing out: only
+// then is it worth asking whether the semaphore is gone.
+func answered(err error) bool {
+	return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) &&
+		!errors.Is(err, context.Canceled)
 }
 
 // mustOptions returns the default options.

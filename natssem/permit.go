@@ -111,7 +111,7 @@ func (p *Permit) run() {
 			case errors.Is(err, errTakenOver), errors.Is(err, nats.ErrConnectionClosed):
 				p.lose(err)
 				return
-			case p.s.gone(p.ctx):
+			case answered(err) && p.s.gone(p.ctx, p.Deadline()):
 				p.lose(fmt.Errorf("%w (renewal: %v)", errDeleted, err))
 				return
 			default:

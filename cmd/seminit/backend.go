@@ -28,6 +28,8 @@ import (
 type backend interface {
 	init(ctx context.Context, name string, permits int, o semOptions) (tokensem.Semaphore, error)
 	open(ctx context.Context, name string, o semOptions) (tokensem.Semaphore, error)
+	list(ctx context.Context) ([]tokensem.Info, error)
+	delete(ctx context.Context, name string, force bool) error
 	close()
 }
 
@@ -178,6 +180,18 @@ func (b amqpBackend) open(ctx context.Context, name string, o semOptions) (token
 	}
 	s, err := amqpsem.Open(ctx, b.c, name, opts...)
 	return s, classify(err)
+}
+
+func (b amqpBackend) list(ctx context.Context) ([]tokensem.Info, error) {
+	infos, err := amqpsem.List(ctx, b.c)
+	return infos, classify(err)
+}
+
+func (b amqpBackend) delete(ctx context.Context, name string, force bool) error {
+	if force {
+		return classify(amqpsem.ForceDelete(ctx, b.c, name))
+	}
+	return classify(amqpsem.Delete(ctx, b.c, name))
 }
 
 func (b amqpBackend) close() { _ = b.c.Close() }
@@ -379,6 +393,18 @@ func (b natsBackend) init(ctx context.Context, name string, permits int, o semOp
 func (b natsBackend) open(ctx context.Context, name string, o semOptions) (tokensem.Semaphore, error) {
 	s, err := natssem.Open(ctx, b.nc, name, b.options(o)...)
 	return s, classify(err)
+}
+
+func (b natsBackend) list(ctx context.Context) ([]tokensem.Info, error) {
+	infos, err := natssem.List(ctx, b.nc)
+	return infos, classify(err)
+}
+
+func (b natsBackend) delete(ctx context.Context, name string, force bool) error {
+	if force {
+		return classify(natssem.ForceDelete(ctx, b.nc, name))
+	}
+	return classify(natssem.Delete(ctx, b.nc, name))
 }
 
 func (b natsBackend) close() { b.nc.Close() }

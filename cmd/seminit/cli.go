@@ -26,7 +26,7 @@ const (
 	exitUsage       = 64 // EX_USAGE: bad flags or bad input
 	exitSoftware    = 70 // EX_SOFTWARE: exec lost its permit and stopped the child
 	exitUnavailable = 69 // EX_UNAVAILABLE: broker unreachable
-	exitNoPermit    = 75 // EX_TEMPFAIL: no permit within --wait
+	exitNoPermit    = 75 // EX_TEMPFAIL: no permit within --wait; delete refused while a permit is held
 	exitNoAuth      = 77 // EX_NOPERM: the broker refused the credentials
 	exitConfig      = 78 // EX_CONFIG: not initialized, permit-count or key mismatch
 	exitHoldLimit   = 124
@@ -48,8 +48,10 @@ Usage:
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
+  seminit list
+  seminit delete   --name NAME [--force]
 
-Flags common to init, status, exec, reconcile and resize:
+Flags common to every verb but server:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS
                    JetStream), amqp:// or amqps:// (RabbitMQ). A comma-separated
                    list names the nodes of one cluster: seminit connects to the
@@ -97,7 +99,8 @@ Exit codes: 0 ok, 1 reconcile or resize: unhealthy after the run (or a failure
 not listed here; its message says what), 64 usage or bad input, 69 broker
 unreachable or failing a request, 70 exec: permit lost (child stopped), 75 no
 permit within --wait (a waiter rides through a cluster's failover until then),
-or too many callers waiting already, 77 credentials
+or too many callers waiting already, or delete: a permit is held (nothing
+changed; --force deletes anyway and every holder's exec exits 70), 77 credentials
 refused, 78 not initialized or permit-count/lease/key mismatch, 124 exec: --max-hold
 ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
 exits with the command's status. The command's environment carries
@@ -295,6 +298,8 @@ var commands = map[string]command{
 	"exec":      {"run a command while holding a permit", runExec},
 	"reconcile": {"recount tokens and repair duplicates, losses and junk", runReconcile},
 	"resize":    {"change the number of permits live", runResize},
+	"list":      {"list the broker's semaphores", runList},
+	"delete":    {"delete a semaphore (refused while a permit is held)", runDelete},
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -346,7 +351,7 @@ func verbHelp(w io.Writer, verb string, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "Usage:")
 	lines := strings.Split(usage, "\n")
 	for i, l := range lines {
-		if strings.HasPrefix(l, "  seminit "+verb+" ") {
+		if l == "  seminit "+verb || strings.HasPrefix(l, "  seminit "+verb+" ") {
 			fmt.Fprintln(w, l)
 			for _, more := range lines[i+1:] {
 				if !strings.HasPrefix(more, "         ") {
@@ -506,7 +511,7 @@ func exitCode(err error) int {
 	case errors.Is(err, tokensem.ErrUnavailable):
 		return exitUnavailable
 	case errors.Is(err, tokensem.ErrNoPermit), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, tokensem.ErrTooManyWaiters):
+		errors.Is(err, tokensem.ErrTooManyWaiters), errors.Is(err, tokensem.ErrHeld):
 		return exitNoPermit
 	default:
 		return exitFailure

@@ -33,7 +33,8 @@ type Backend struct {
 	// opened.
 	Inventory func(s tokensem.Semaphore) reconciler.Inventory
 	// Delete deletes semaphore name (Delete, or ForceDelete if force)
-	// through a connection of its own.
+	// through a connection of its own. It is also called from t.Cleanup,
+	// where t.Context() is done: bound it with CleanupContext.
 	Delete func(t testing.TB, name string, force bool) error
 	// List lists the broker's semaphores.
 	List func(t testing.TB) ([]tokensem.Info, error)
@@ -83,6 +84,14 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// CleanupContext returns a context that ends after d, for work that also
+// runs in a t.Cleanup (where t.Context() has ended already).
+func CleanupContext(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // Context returns a context that ends with the test or after d, whichever

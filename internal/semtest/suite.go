@@ -71,6 +71,15 @@ func mustInit(t testing.TB, b Backend, name string, n int, o Options) tokensem.S
 	if err != nil {
 		t.Fatalf("init %s: %v", name, err)
 	}
+	if b.Delete != nil {
+		// The suite deletes what it creates, so a long-lived development
+		// broker does not fill up (runs after every Close below).
+		t.Cleanup(func() {
+			if err := b.Delete(t, name, true); err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
+				t.Logf("deleting %s after the test: %v", name, err)
+			}
+		})
+	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }

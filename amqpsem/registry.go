@@ -1,0 +1,310 @@
+package amqpsem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
+)
+
+// The registry is how List finds semaphores: AMQP cannot list queues. It
+// is the durable quorum queue registryQueue holding one persistent message
+// per creation of a semaphore ({"name": ...}).
+//
+//   - Init registers a semaphore when it creates it, before its
+//     configuration exists, so every semaphore made by this version has an
+//     entry; a creation started over registers again (List and Delete
+//     handle copies).
+//   - List and Delete read the registry only under its lock, the
+//     exclusive queue registryLock: each takes every entry (unacked), and
+//     closing its channel puts back those it did not acknowledge. So no
+//     reader misses an entry another holds, and a publish by a concurrent
+//     Init only adds one.
+//   - The entries are a hint; the semaphore's queues are the truth. List
+//     reads each listed semaphore's configuration, and removes the entries
+//     of a name with no configuration queue once they are older than
+//     staleEntry (younger ones may belong to an Init still creating it), and
+//     all but one copy of each name. Delete removes its name's entries after
+//     the queues; a Delete that dies in between leaves entries List removes
+//     later.
+//
+// Semaphores made by a version before the registry are not listed.
+
+// Registry queue names. A semaphore name cannot be empty, so these never
+// collide with a semaphore's queues (tokensem.NAME...).
+const (
+	registryQueue = "tokensem..registry"
+	registryLock  = "tokensem..registry.lock"
+	staleEntry    = 5 * time.Minute
+)
+
+type registryEntry struct {
+	Name string `json:"name"`
+}
+
+// register adds an entry for the semaphore to the registry.
+func (s *Semaphore) register(ctx context.Context, version string) error {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	body, _ := json.Marshal(registryEntry{Name: s.name})
+	var dc *amqp.DeferredConfirmation
+	err = rpc(rctx, ch, func() error {
+		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, amqp.Table{"x-queue-type": Quorum}); err != nil {
+			return err
+		}
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		dc, err = ch.PublishWithDeferredConfirmWithContext(rctx, "", registryQueue, true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: time.Now(), Body: body,
+		})
+		return err
+	})
+	if err != nil {
+		return wrapBrokerErr("register "+s.name, err)
+	}
+	return s.c.waitConfirms(rctx, []*amqp.DeferredConfirmation{dc})
+}
+
+// List returns the semaphores in the registry of the broker c is
+// connected to, sorted by name (see the package doc: semaphores made by an
+// amqpsem before the registry are not listed). A semaphore whose creation
+// has not finished is listed as "creating".
+//
+// Errors: a wrapped broker error.
+func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
+	s, err := newSemaphore(c, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	var out []tokensem.Info
+	err = s.retry(ctx, "list", func() error {
+		out, err = s.list(ctx)
+		return err
+	})
+	return out, err
+}
+
+func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
+	var out []tokensem.Info
+	err := s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
+		var drop []registered
+		seen := map[string]bool{}
+		for _, e := range entries {
+			if seen[e.Name] {
+				drop = append(drop, e) // a copy
+				continue
+			}
+			seen[e.Name] = true
+			info, err := s.describe(ctx, e.Name)
+			switch {
+			case errors.Is(err, tokensem.ErrNotInitialized):
+				if time.Since(e.at) > staleEntry {
+					drop = append(drop, e)
+				}
+				continue
+			case err != nil:
+				return nil, err
+			}
+			out = append(out, info)
+		}
+		return drop, nil
+	})
+	slices.SortFunc(out, func(a, b tokensem.Info) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out, err
+}
+
+// describe reads semaphore name's configuration for List.
+func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, error) {
+	if tokensem.ValidateName(name) != nil {
+		return tokensem.Info{}, fmt.Errorf("%w: %q", tokensem.ErrNotInitialized, name) // junk: dropped when old
+	}
+	sem, err := newSemaphore(s.c, name, nil)
+	if err != nil {
+		return tokensem.Info{}, err
+	}
+	defer sem.Close()
+	info := tokensem.Info{Name: name, Backend: "amqp", State: "creating"}
+	cfg, err := sem.loadConfig(ctx)
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		// A token queue without a configuration: a creation or a delete
+		// cut short, still there to be finished.
+		if exists, qerr := sem.queueExists(ctx, QueueName(name)); qerr != nil || exists {
+			return info, qerr
+		}
+		return info, err
+	case err != nil:
+		return info, err
+	}
+	info.Permits = cfg.Permits
+	if cfg.ready() {
+		info.State = "ready"
+	}
+	return info, nil
+}
+
+// unregister removes every registry entry of the semaphore.
+func (s *Semaphore) unregister(ctx context.Context) error {
+	return s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
+		var drop []registered
+		for _, e := range entries {
+			if e.Name == s.name {
+				drop = append(drop, e)
+			}
+		}
+		return drop, nil
+	})
+}
+
+// registered is one registry entry as read.
+type registered struct {
+	registryEntry
+	tag uint64
+	at  time.Time
+}
+
+// withRegistry takes the registry lock, takes every entry, hands them to
+// fn, acknowledges (removes) the entries fn returns and puts the others
+// back. A registry that does not exist is empty.
+func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (drop []registered, err error)) error {
+	unlock, err := s.lockQueue(ctx, registryLock, "another List or Delete (the registry lock)")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	exists, err := s.queueExists(ctx, registryQueue)
+	if err != nil || !exists {
+		if err == nil {
+			_, err = fn(nil)
+		}
+		return err
+	}
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close() // puts back every entry not acknowledged
+	rctx, cancel := s.rtt(ctx)
+	var deliveries <-chan amqp.Delivery
+	err = rpc(rctx, ch, func() error {
+		var err error
+		deliveries, err = ch.Consume(registryQueue, "", false, false, false, false, nil)
+		return err
+	})
+	cancel()
+	if err != nil {
+		return wrapBrokerErr("read the registry", err)
+	}
+	// Every entry is ready (only lock holders take them), but the queue's
+	// message count can lag a requeue: read until the queue goes quiet.
+	var entries []registered
+	quiet := time.NewTimer(registryQuiet)
+	defer quiet.Stop()
+read:
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return wrapBrokerErr("read the registry", errors.New("consumer cancelled"))
+			}
+			var e registryEntry
+			_ = json.Unmarshal(d.Body, &e) // junk reads as an empty name: dropped when old
+			entries = append(entries, registered{registryEntry: e, tag: d.DeliveryTag, at: d.Timestamp})
+			quiet.Reset(registryQuiet)
+		case <-quiet.C:
+			break read
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	drop, err := fn(entries)
+	if err != nil {
+		return err
+	}
+	for _, e := range drop {
+		if err := ch.Ack(e.tag, false); err != nil {
+			return wrapBrokerErr("update the registry", err)
+		}
+	}
+	return nil
+}
+
+// registryQuiet is how long the registry must stay silent before a reader
+// takes it to have delivered every entry.
+const registryQuiet = 200 * time.Millisecond
+
+// lockQueue takes a broker-wide lock: the exclusive queue q, which a
+// second connection cannot declare (405 RESOURCE_LOCKED) and which the
+// broker deletes if the holder's connection dies. A mutex per q keeps the
+// callers sharing this process's connection (to which the exclusive queue
+// belongs) out of each other's way. It waits, until ctx ends, while
+// someone else (holder, for messages) has the lock.
+func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), error) {
+	local := s.c.localLock(q)
+	if !tryLock(ctx, local) {
+		return nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, ctx.Err())
+	}
+	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
+	for {
+		ch, _, err := s.c.channel(ctx)
+		if err != nil {
+			local.Unlock()
+			return nil, err
+		}
+		rctx, cancel := s.rtt(ctx)
+		err = rpc(rctx, ch, func() error {
+			_, err := ch.QueueDeclare(q, false, false, true, false, nil)
+			return err
+		})
+		cancel()
+		if err == nil {
+			return func() {
+				_, _ = ch.QueueDelete(q, false, false, false)
+				_ = ch.Close()
+				local.Unlock()
+			}, nil
+		}
+		_ = ch.Close()
+		if !isCode(err, amqp.ResourceLocked) {
+			local.Unlock()
+			return nil, wrapBrokerErr("taking the lock "+q, err)
+		}
+		if err := pause.Wait(ctx, nil); err != nil {
+			local.Unlock()
+			return nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
+		}
+	}
+}
+
+// tryLock locks m unless ctx ends first.
+func tryLock(ctx context.Context, m *sync.Mutex) bool {
+	for !m.TryLock() {
+		if backoff.Sleep(ctx, 5*time.Millisecond) != nil {
+			return false
+		}
+	}
+	return true
+}

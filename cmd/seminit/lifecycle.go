@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// runList prints the semaphores of the broker.
+func runList(ctx context.Context, e env, args []string) error {
+	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	var g globals
+	g.register(fs)
+	if err := parse(fs, args, false); err != nil {
+		return err
+	}
+	octx, cancel := context.WithTimeout(ctx, g.opTimeout())
+	defer cancel()
+	b, err := connect(octx, &g)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	infos, err := b.list(octx)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		if infos == nil {
+			infos = []tokensem.Info{} // [] rather than null
+		}
+		e.printJSON(infos)
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tPERMITS\tLEASE\tSTATE")
+	for _, in := range infos {
+		lease := "-"
+		if in.Lease > 0 {
+			lease = in.Lease.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", in.Name, in.Permits, lease, in.State)
+	}
+	return tw.Flush()
+}
+
+// runDelete deletes a semaphore: refused (exit 75) while a permit is held,
+// unless --force, which takes every holder's permit (exec exits 70).
+func runDelete(ctx context.Context, e env, args []string) error {
+	fs := flag.NewFlagSet("delete", flag.ContinueOnError)
+	var g globals
+	g.register(fs)
+	name := fs.String("name", "", "semaphore name")
+	force := fs.Bool("force", false, "delete even while permits are held: their holders lose them")
+	if err := parse(fs, args, false); err != nil {
+		return err
+	}
+	if err := requireName(*name); err != nil {
+		return err
+	}
+	octx, cancel := context.WithTimeout(ctx, g.opTimeout())
+	defer cancel()
+	b, err := connect(octx, &g)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	if err := b.delete(octx, *name, *force); err != nil {
+		return err
+	}
+	if g.json {
+		e.printJSON(struct {
+			Name    string `json:"name"`
+			Deleted bool   `json:"deleted"`
+		}{*name, true})
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "%s deleted\n", *name)
+	return nil
+}
