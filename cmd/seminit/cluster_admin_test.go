@@ -72,7 +72,9 @@ func TestClusterResizeReconcileExec(t *testing.T) {
 	wg.Wait()
 
 	codes := map[string]map[int]int{}
+	releaseWarned := false
 	for _, o := range outcomes {
+		releaseWarned = releaseWarned || o.what == "exec" && strings.Contains(o.r.stderr, "release")
 		if codes[o.what] == nil {
 			codes[o.what] = map[int]int{}
 		}
@@ -105,6 +107,9 @@ func TestClusterResizeReconcileExec(t *testing.T) {
 		r = c.broker(2).seminit(t, "status", "--name", name)
 		if r.code == exitOK && strings.Contains(r.stdout, "tokens 3, available 3, held 0,") && strings.Contains(r.stdout, "healthy") {
 			break
+		}
+		if !releaseWarned {
+			t.Fatalf("a slot is held after every exec exited, and no exec reported a failed release: %v", r)
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("status 10s after the run: %v", r)
