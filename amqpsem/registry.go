@@ -102,7 +102,7 @@ func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
 func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 	var out []tokensem.Info
 	err := s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
-		var drop []registered
+		var drop, first []registered
 		seen := map[string]bool{}
 		for _, e := range entries {
 			if seen[e.Name] {
@@ -110,17 +110,32 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 				continue
 			}
 			seen[e.Name] = true
-			info, err := s.describe(ctx, e.Name)
-			switch {
+			first = append(first, e)
+		}
+		// Each description is a few round trips: up to listParallel at once.
+		infos := make([]tokensem.Info, len(first))
+		errs := make([]error, len(first))
+		var wg sync.WaitGroup
+		slots := make(chan struct{}, listParallel)
+		for i, e := range first {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				infos[i], errs[i] = s.describe(ctx, e.Name)
+			})
+		}
+		wg.Wait()
+		for i, e := range first {
+			switch err := errs[i]; {
 			case errors.Is(err, tokensem.ErrNotInitialized):
 				if time.Since(e.at) > staleEntry {
 					drop = append(drop, e)
 				}
-				continue
 			case err != nil:
 				return nil, err
+			default:
+				out = append(out, infos[i])
 			}
-			out = append(out, info)
 		}
 		return drop, nil
 	})
@@ -251,6 +266,9 @@ read:
 	}
 	return nil
 }
+
+// listParallel bounds the semaphores List describes at once.
+const listParallel = 16
 
 // registryQuiet is how long the registry must stay silent before a reader
 // takes it to have delivered every entry.
