@@ -45,7 +45,8 @@ Usage:
                     [--cluster-name NAME]]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME
-  seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR] -- CMD [ARGS...]
+  seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR]
+                   [--conflict-exit-code N] -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
   seminit list

@@ -58,6 +58,7 @@ func TestUsage(t *testing.T) {
 		{"exec no command", []string{"exec", "--url", unreachable, "--name", "x"}, exitUsage, "", "no command given"},
 		{"exec no command after --", []string{"exec", "--url", unreachable, "--name", "x", "--"}, exitUsage, "", "no command given"},
 		{"exec negative wait", []string{"exec", "--url", unreachable, "--name", "x", "--wait", "-1s", "--", "true"}, exitUsage, "", "must not be negative"},
+		{"exec bad conflict code", []string{"exec", "--url", unreachable, "--name", "x", "--conflict-exit-code", "300", "--", "true"}, exitUsage, "", "not an exit code"},
 		{"exec zero kill-after", []string{"exec", "--url", unreachable, "--name", "x", "--kill-after", "0s", "--", "true"}, exitUsage, "", "--kill-after must be positive"},
 		{"amqp unreachable", []string{"init", "--url", "amqp://guest:secret@127.0.0.1:1/", "--name", "x", "--permits", "1"}, exitUnavailable, "", "broker unreachable"},
 		{"amqps unreachable", []string{"status", "--url", "amqps://127.0.0.1:1/", "--name", "x"}, exitUnavailable, "", "broker unreachable"},
@@ -339,6 +340,11 @@ func testExecWaitTimeout(t *testing.T, b broker) {
 		t.Fatalf("exec --wait 0 while the only permit is held: %v\nwant exit %d saying no permit is free now", r, exitNoPermit)
 	}
 	t.Logf("exec --wait 0 gave up after %v", r.elapsed.Round(time.Millisecond))
+	// --conflict-exit-code tells seminit's giving up from the command's own 75.
+	r = b.seminit(t, "exec", "--name", name, "--wait", "0", "--conflict-exit-code", "3", "--", "true")
+	if r.code != 3 || !strings.Contains(r.stderr, "free now") {
+		t.Fatalf("exec --wait 0 --conflict-exit-code 3 while the permit is held: %v\nwant exit 3", r)
+	}
 	free := uniqueName(t)
 	b.mustInit(t, free, 1)
 	if r := b.seminit(t, "exec", "--name", free, "--wait", "0", "--", "echo", "ran"); r.code != exitOK || !strings.Contains(r.stdout, "ran") {

@@ -29,6 +29,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	hold := fs.Duration("max-hold", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
 	lease := fs.Duration("lease", 0, "the lease you expect; the semaphore's stored lease (set by init) governs, and a different value is reported")
 	killAfter := fs.Duration("kill-after", 10*time.Second, "after SIGTERM, SIGKILL the command if it has not exited within DUR")
+	conflict := fs.Int("conflict-exit-code", exitNoPermit, "exit with N when no permit comes within --wait (or too many wait), as flock -E: pick one your command never uses")
 	if err := parse(fs, args, true); err != nil {
 		return err
 	}
@@ -41,6 +42,9 @@ func runExec(ctx context.Context, e env, args []string) error {
 	}
 	if *wait < 0 || *hold < 0 || *lease < 0 || *killAfter <= 0 {
 		return usageErr{errors.New("--wait, --lease and --max-hold must not be negative, --kill-after must be positive")}
+	}
+	if *conflict < 0 || *conflict > 255 {
+		return usageErr{fmt.Errorf("--conflict-exit-code %d is not an exit code (0..255)", *conflict)}
 	}
 	s, done, err := openSemaphore(ctx, &g, *name)
 	if err != nil {
@@ -69,9 +73,11 @@ func runExec(ctx context.Context, e env, args []string) error {
 	case ctx.Err() != nil:
 		return exitCodeErr{code: signalExit(ctx), err: errors.New("interrupted while waiting for a permit")}
 	case errors.Is(err, tokensem.ErrNoPermit):
-		return exitCodeErr{code: exitNoPermit, err: fmt.Errorf("no permit of %s free now (--wait 0)", *name)}
+		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s free now (--wait 0)", *name)}
 	case errors.Is(err, context.DeadlineExceeded):
-		return exitCodeErr{code: exitNoPermit, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
+		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
+	case errors.Is(err, tokensem.ErrTooManyWaiters):
+		return exitCodeErr{code: *conflict, err: err}
 	default:
 		return classify(err)
 	}
