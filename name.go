@@ -15,18 +15,29 @@ func ValidateName(name string) error {
 		return fmt.Errorf("%w: empty", ErrInvalidName)
 	}
 	if len(name) > MaxNameLen {
-		return fmt.Errorf("%w: %q is longer than %d bytes", ErrInvalidName, name, MaxNameLen)
+		return fmt.Errorf("%w: %q is %d bytes, longer than %d", ErrInvalidName, shorten(name), len(name), MaxNameLen)
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
+	for i, r := range name {
 		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case (c == '-' || c == '_') && i > 0:
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		case (r == '-' || r == '_') && i > 0:
+		case r == '-' || r == '_':
+			return fmt.Errorf("%w: %q starts with %q: the first character must be a letter or digit", ErrInvalidName, name, r)
 		default:
-			return fmt.Errorf("%w: %q: byte %d (%q) is not a letter, digit, '-' or '_'", ErrInvalidName, name, i, c)
+			return fmt.Errorf("%w: %q: character %q at byte %d is not an ASCII letter, digit, '-' or '_'", ErrInvalidName, name, r, i)
 		}
 	}
 	return nil
+}
+
+// shorten cuts a long name for a message: its first 24 and last 8
+// characters.
+func shorten(name string) string {
+	r := []rune(name)
+	if len(r) <= 40 {
+		return name
+	}
+	return string(r[:24]) + "…" + string(r[len(r)-8:])
 }
 
 // MaxPermits is the largest permit count a semaphore may have.

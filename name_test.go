@@ -48,6 +48,21 @@ func TestValidateName(t *testing.T) {
 	}
 }
 
+// The messages say what is wrong in the user's terms: a very long name
+// shortened, a non-ASCII character shown as itself, not as a byte.
+func TestValidateNameMessages(t *testing.T) {
+	for in, want := range map[string]string{
+		strings.Repeat("y", 300): `"yyyyyyyyyyyyyyyyyyyyyyyy…yyyyyyyy" is 300 bytes, longer than 64`,
+		"héllo":                  `character 'é' at byte 1 is not an ASCII letter`,
+		"-x":                     `starts with '-'`,
+	} {
+		err := tokensem.ValidateName(in)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ValidateName(%.20q) = %v, want it to say %s", in, err, want)
+		}
+	}
+}
+
 func TestValidatePermits(t *testing.T) {
 	tests := []struct {
 		name    string
