@@ -82,9 +82,14 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 	for _, m := range msgs {
 		e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, m.Data)
 		e.Ref = strconv.FormatUint(m.Seq, 10)
-		if e.Valid {
+		switch {
+		case e.Valid:
 			sl, held := live(e.Token.Index)
 			e.Held = held && sl.rec.Seq == m.Seq
+		case e.Reason == "retired" && e.Token.Epoch == cfg.Epoch:
+			// A slot a shrink retired, still held: left to its holder.
+			sl, ok := slots[e.Token.Index]
+			e.Held = ok && sl.live(now, cfg.Lease) && sl.rec.Seq == m.Seq
 		}
 		c.Entries = append(c.Entries, e)
 	}

@@ -13,7 +13,7 @@ type Entry struct {
 	Token  tokensem.Token // parsed token; zero when Valid is false and it did not parse
 	Valid  bool           // a current token of this semaphore: parses, verifies, index < permits, current epoch
 	Reason string         // why it is not valid: "junk", "forged", "foreign", "retired"
-	Held   bool           // a live holder holds this very message
+	Held   bool           // a live holder holds this very message (also a retired one: see Findings.Retiring)
 }
 
 // Census is what an Inventory found at one moment.
@@ -37,10 +37,17 @@ type Findings struct {
 	Duplicates map[int][]Entry // index -> its valid messages, where more than one
 	Missing    []int           // indices with no valid message and no live holder
 	Invalid    []Entry         // junk, forged, foreign or retired messages
+	// Retiring are retired tokens (of slots a shrink removed) that a live
+	// holder still holds. They are not removed: the holder keeps its permit
+	// until it releases, and the next acquirer then removes the token, or
+	// admits it again if the semaphore grew back meanwhile (removing it
+	// here would lose that slot until the next reconcile). They do not make
+	// a semaphore unhealthy.
+	Retiring []Entry
 }
 
 // Healthy reports whether the census found exactly one valid token per slot
-// and nothing else.
+// and nothing else (retired tokens still held aside: see Retiring).
 func (f Findings) Healthy(c Census) bool {
 	valid := f.Valid
 	if c.HeldUnseen {
@@ -65,7 +72,11 @@ func Analyze(c Census) Findings {
 	byIndex := make(map[int][]Entry, c.Permits)
 	for _, e := range c.Entries {
 		if !e.Valid {
-			f.Invalid = append(f.Invalid, e)
+			if e.Held && e.Reason == "retired" {
+				f.Retiring = append(f.Retiring, e)
+			} else {
+				f.Invalid = append(f.Invalid, e)
+			}
 			continue
 		}
 		f.Valid++

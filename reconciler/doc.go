@@ -7,7 +7,9 @@
 //
 // A repair never lets more than N callers hold permits:
 //   - Invalid messages (junk, forged, foreign, retired) are removed: they
-//     admit nobody anyway.
+//     admit nobody anyway. A retired token that a live holder still holds
+//     (a shrink under load) stays: its holder releases it and the next
+//     acquirer removes it, or admits it if the semaphore grew back.
 //   - Of the valid copies of one slot, the held one (if any) is kept and the
 //     others are removed; a slot admits one holder at a time whatever its
 //     number of copies, so removing copies only lowers admission.

@@ -484,6 +484,44 @@ func TestResize(t *testing.T) {
 	}
 }
 
+// TestShrinkAndGrowBackWhileHeld: a shrink leaves the retired token of a
+// slot still held where it is (its holder keeps the permit), so growing
+// back before the holder releases loses nothing: after the release every
+// permit is usable again, with no reconcile in between.
+func TestShrinkAndGrowBackWhileHeld(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := bounded(t)
+			f := be.new(t, "regrow", 4, nil)
+			var held []tokensem.Permit
+			for range 4 {
+				p, err := f.sem.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, p)
+			}
+			if r, err := f.resize(ctx, 3); err != nil || !r.Healthy || r.Removed != 0 {
+				t.Fatalf("shrink 4 -> 3 with every permit held: %+v %v (want healthy, nothing removed)", r, err)
+			}
+			if r, err := f.resize(ctx, 4); err != nil || !r.Healthy || r.Issued != 0 {
+				t.Fatalf("grow back to 4 while slot 3 is still held: %+v %v (want healthy, nothing issued)", r, err)
+			}
+			for _, p := range held {
+				if p.Err() != nil {
+					t.Fatalf("a holder lost its permit to the resizes: %v", p.Err())
+				}
+				if err := p.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := f.usable(t); n != 4 {
+				t.Fatalf("%d usable after shrinking and growing back, want 4", n)
+			}
+		})
+	}
+}
+
 // BenchmarkCensus10kAMQP measures a repair of 100 losses at N = 10,000
 // on RabbitMQ: a census (every ready token streamed to the census channel
 // and kept unacked, the claim queues of the slots without one looked up),
