@@ -1,0 +1,109 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"strings"
+)
+
+// helpErr asks for a verb's help (-h or --help after the verb).
+type helpErr struct{ fs *flag.FlagSet }
+
+func (helpErr) Error() string { return "help requested" }
+
+// verbHelp prints one verb's synopsis, from the usage text, and its flags
+// with their defaults.
+func verbHelp(w io.Writer, verb string, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "Usage:")
+	lines := strings.Split(usage, "\n")
+	for i, l := range lines {
+		if l == "  seminit "+verb || strings.HasPrefix(l, "  seminit "+verb+" ") {
+			fmt.Fprintln(w, l)
+			for _, more := range lines[i+1:] {
+				if !strings.HasPrefix(more, "         ") {
+					break
+				}
+				fmt.Fprintln(w, more)
+			}
+		}
+	}
+	fmt.Fprintln(w, "\nFlags:")
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, text := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" &&
+			!strings.Contains(text, "(default") {
+			text += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n      %s\n", line, text)
+	})
+	fmt.Fprintln(w, "\nseminit --help shows every verb, the URL and credential rules and the exit codes.")
+}
+
+// suggest returns the verb closest to an unknown one, for a hint: one
+// that starts with it or differs in at most two letters.
+func suggest(unknown string) string {
+	best, bestDist := "", 3
+	for verb := range commands {
+		if strings.HasPrefix(verb, unknown) && len(unknown) >= 2 {
+			return verb
+		}
+		if d := editDistance(unknown, verb); d < bestDist {
+			best, bestDist = verb, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+// version is seminit's version from the build information: the module
+// version for go install, else the VCS revision the binary was built from.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = "+dirty"
+			}
+		}
+	}
+	if (v == "" || v == "(devel)") && rev != "" {
+		v = rev[:min(12, len(rev))] + modified
+	}
+	if v == "" {
+		v = "(devel)"
+	}
+	return v + " (" + bi.GoVersion + ")"
+}
