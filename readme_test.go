@@ -1,6 +1,7 @@
 package tokensem_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +35,7 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 	var src strings.Builder
 	src.WriteString(readmePrelude)
 	for i, s := range snippets {
-		src.WriteString("\nfunc snippet" + string(rune('A'+i)) + "() {\n")
+		fmt.Fprintf(&src, "\nfunc snippet%d() {\n", i)
 		src.Write(s[1])
 		src.WriteString("\n\tuse(err, sem, p, conn, rsem, nc, m, group, gate)\n}\n")
 	}

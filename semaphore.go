@@ -80,7 +80,9 @@ type Info struct {
 	Permits int           `json:"permits"`            // configured N
 	Lease   time.Duration `json:"lease_ns,omitempty"` // holders' lease (NATS)
 	// State is "ready", or "creating" for a semaphore whose Init has not
-	// finished (or died half-way; the next Init starts it over).
+	// finished (or died half-way; the next Init starts it over), or on
+	// RabbitMQ "legacy" for one in an older amqpsem's layout (its first
+	// Open or Init moves it to the current one).
 	State string `json:"state"`
 }
 

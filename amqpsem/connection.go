@@ -279,9 +279,9 @@ func (c *Conn) confirmChannel(ctx context.Context) (*amqp.Channel, error) {
 	return ch, nil
 }
 
-// localLock returns the in-process lock of semaphore name: the broker's
-// exclusive lock queue keeps other connections out, not other callers on
-// this one.
+// localLock returns the in-process lock of lock queue name (see
+// Semaphore.lockQueue): the broker's exclusive queue keeps other
+// connections out, not other callers on this one.
 func (c *Conn) localLock(name string) *sync.Mutex {
 	c.mu.Lock()
 	defer c.mu.Unlock()

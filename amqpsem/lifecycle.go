@@ -21,7 +21,9 @@ var errDeleted = errors.New("amqpsem: the semaphore was deleted")
 // is held it returns an error wrapping tokensem.ErrHeld and changes
 // nothing. A permit taken while Delete runs is lost as with ForceDelete.
 // Delete finishes a delete that was cut short; afterwards Init of the same
-// name with other values succeeds. No signing key is needed.
+// name with other values succeeds. No signing key is needed. A holder of a
+// slot that a shrink retired (index >= permits) is not seen by the check:
+// Delete takes its permit as ForceDelete would.
 //
 // Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
 // that name exists), tokensem.ErrHeld, or a wrapped broker error.
@@ -46,10 +48,17 @@ func deleteSemaphore(ctx context.Context, c *Conn, name string, force bool) erro
 		return err
 	}
 	defer s.Close()
-	return s.retry(ctx, "delete", func() error { return s.delete(ctx, force) })
+	// A try whose delete landed unanswered leaves nothing for the next
+	// one to find: that is success, not ErrNotInitialized.
+	removed := false
+	err = s.retry(ctx, "delete", func() error { return s.delete(ctx, force, &removed) })
+	if removed && errors.Is(err, tokensem.ErrNotInitialized) {
+		return nil
+	}
+	return err
 }
 
-func (s *Semaphore) delete(ctx context.Context, force bool) error {
+func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {
 	unlock, err := s.lock(ctx)
 	if err != nil {
 		return err
@@ -61,6 +70,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool) error {
 		// No current configuration: whatever is left of a creation or a
 		// delete cut short, or an older layout, goes.
 		found, err := s.deleteQueues(ctx, 0)
+		*removed = *removed || found
 		if err != nil {
 			return err
 		}
@@ -84,6 +94,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool) error {
 			return fmt.Errorf("%w: %s: %d of %d permits are held", tokensem.ErrHeld, s.name, st.Held, st.Permits)
 		}
 	}
+	*removed = true
 	if _, err := s.deleteQueues(ctx, cfg.Permits); err != nil {
 		return err
 	}

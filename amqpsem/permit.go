@@ -86,8 +86,17 @@ func (p *Permit) run() {
 // deletes the token queue before the claim queues): then there is nothing
 // to claim again.
 func (p *Permit) reclaim() error {
+	// Bounded, and cut short by a connection loss, which the run loop
+	// must report at once (it waits for this).
 	ctx, cancel := context.WithTimeout(context.Background(), 2*p.s.opts.RequestTimeout)
 	defer cancel()
+	go func() {
+		select {
+		case <-p.pc.sess.lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	switch exists, err := p.s.queueExists(ctx, QueueName(p.s.name)); {
 	case err != nil:
 		return err

@@ -36,7 +36,12 @@ import (
 //     the queues; a Delete that dies in between leaves entries List removes
 //     later.
 //
-// Semaphores made by a version before the registry are not listed.
+// Semaphores made by a version before the registry are not listed. The
+// age of an entry is read from its publisher's clock: clients whose clocks
+// are more than staleEntry apart could drop the entry of an Init still in
+// progress. An entry put back by the previous reader that takes longer
+// than registryQuiet to come again (a very loaded cluster) is missed by
+// that List, not lost.
 
 // Registry queue names. A semaphore name cannot be empty, so these never
 // collide with a semaphore's queues (tokensem.NAME...).
@@ -164,6 +169,9 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 	info := tokensem.Info{Name: name, Backend: "amqp", State: "creating"}
 	cfg, err := sem.loadConfig(ctx)
 	switch {
+	case errors.Is(err, errLegacyLayout):
+		info.State = "legacy" // Open or Init moves it to the current layout
+		return info, nil
 	case errors.Is(err, tokensem.ErrNotInitialized):
 		// A token queue without a configuration: a creation or a delete
 		// cut short, still there to be finished.

@@ -26,6 +26,7 @@ type Inventory struct {
 	slots map[int]slotEntry // slot records as of the latest Census
 	now   time.Time         // server time of the latest Census
 	cfg   config
+	hold  *lockHold // the admin lock, from Lock until its unlock
 }
 
 // Inventory returns the semaphore's inventory for the reconciler.
@@ -34,7 +35,34 @@ func (s *Semaphore) Inventory() *Inventory { return &Inventory{s: s} }
 // Lock takes the semaphore's admin lock (see lock), which Resize takes to
 // change the permit count, so a census reads one configuration throughout.
 // Issue is guarded besides by a compare-and-set of the slot record.
-func (inv *Inventory) Lock(ctx context.Context) (func(), error) { return inv.s.lock(ctx) }
+func (inv *Inventory) Lock(ctx context.Context) (func(), error) {
+	h, err := inv.s.takeLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	inv.mu.Lock()
+	inv.hold = h
+	inv.mu.Unlock()
+	return func() {
+		inv.mu.Lock()
+		inv.hold = nil
+		inv.mu.Unlock()
+		h.unlock()
+	}, nil
+}
+
+// stillLocked returns an error if the admin lock this run took was taken
+// over meanwhile (its renewals did not land for lockTTL): the run must
+// change nothing more.
+func (inv *Inventory) stillLocked() error {
+	inv.mu.Lock()
+	h := inv.hold
+	inv.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	return h.held()
+}
 
 // Census reads the configuration, every token message and every slot
 // record.
@@ -110,6 +138,9 @@ func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
 	if err != nil {
 		return fmt.Errorf("natssem: bad message reference %q", e.Ref)
 	}
+	if err := inv.stillLocked(); err != nil {
+		return err
+	}
 	return inv.s.deleteMsg(ctx, seq)
 }
 
@@ -130,6 +161,9 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	}
 	if index < 0 || index >= cfg.Permits {
 		return fmt.Errorf("natssem: slot %d outside [0, %d)", index, cfg.Permits)
+	}
+	if err := inv.stillLocked(); err != nil {
+		return err
 	}
 	tok := tokensem.NewToken(s.name, index, cfg.Epoch)
 	b, err := s.codec.Encode(tok)

@@ -111,10 +111,17 @@ func deleteSemaphore(ctx context.Context, nc *nats.Conn, name string, force bool
 	if err != nil {
 		return err
 	}
-	return s.retry(ctx, "delete", func() error { return s.delete(ctx, force) })
+	// A try whose delete landed unanswered leaves nothing for the next
+	// one to find: that is success, not ErrNotInitialized.
+	removed := false
+	err = s.retry(ctx, "delete", func() error { return s.delete(ctx, force, &removed) })
+	if removed && errors.Is(err, tokensem.ErrNotInitialized) {
+		return nil
+	}
+	return err
 }
 
-func (s *Semaphore) delete(ctx context.Context, force bool) error {
+func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {
 	rctx, cancel := s.rtt(ctx)
 	kv, err := s.js.KeyValue(rctx, BucketName(s.name))
 	cancel()
@@ -131,6 +138,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool) error {
 			return err
 		}
 	}
+	*removed = true // from here on, what a later try does not find is gone
 	rctx, cancel = s.rtt(ctx)
 	err = s.js.DeleteKeyValue(rctx, BucketName(s.name))
 	cancel()

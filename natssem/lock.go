@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,14 +42,39 @@ type lockRecord struct {
 // lock takes the admin lock, waiting while another live holder has it,
 // until ctx ends. unlock frees it (and stops its renewal).
 func (s *Semaphore) lock(ctx context.Context) (unlock func(), err error) {
+	h, err := s.takeLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return h.unlock, nil
+}
+
+// lockHold is one holding of the admin lock.
+type lockHold struct {
+	s    *Semaphore
+	me   lockRecord
+	val  []byte
+	lost atomic.Bool // set when the renewal found the lock taken over
+
+	mu   sync.Mutex
+	rev  uint64
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 	me := lockRecord{Holder: ids.New(), Owner: s.opts.HolderName}
 	val, _ := json.Marshal(me)
+	h := &lockHold{s: s, me: me, val: val, stop: make(chan struct{}), done: make(chan struct{})}
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 	for {
-		rev, holder, err := s.tryLock(ctx, val)
+		rev, holder, err := h.try(ctx)
 		switch {
 		case err == nil:
-			return s.holdLock(val, rev), nil
+			h.rev = rev
+			go h.renew()
+			return h, nil
 		case errors.Is(err, errConflict):
 		case transient(err):
 			s.log.Warn("admin lock: the broker did not answer; retrying", "err", err)
@@ -64,16 +90,16 @@ func (s *Semaphore) lock(ctx context.Context) (unlock func(), err error) {
 	}
 }
 
-// tryLock takes the lock if it is free or its holder stopped renewing it,
-// and returns the record's revision; errConflict, and the holder's name,
-// if someone holds it.
-func (s *Semaphore) tryLock(ctx context.Context, val []byte) (rev uint64, holder string, err error) {
+// try takes the lock if it is free, its holder stopped renewing it, or it
+// is ours already (an earlier try whose answer was lost landed), and
+// returns the record's revision; errConflict, and the holder's name, if
+// someone else holds it.
+func (h *lockHold) try(ctx context.Context) (rev uint64, holder string, err error) {
+	s := h.s
 	if s.isClosed() {
 		return 0, "", tokensem.ErrClosed
 	}
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	e, err := s.kv.Get(rctx, lockKey)
+	e, err := h.read(ctx)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 	case err != nil:
@@ -81,8 +107,13 @@ func (s *Semaphore) tryLock(ctx context.Context, val []byte) (rev uint64, holder
 	default:
 		var cur lockRecord
 		_ = json.Unmarshal(e.Value(), &cur) // an unreadable record is free
-		if cur.Holder != "" {
+		switch {
+		case cur.Holder == h.me.Holder:
+			return e.Revision(), "", nil
+		case cur.Holder != "":
+			rctx, cancel := s.rtt(ctx)
 			now, err := s.serverNow(rctx)
+			cancel()
 			if err != nil {
 				return 0, "", err
 			}
@@ -93,14 +124,33 @@ func (s *Semaphore) tryLock(ctx context.Context, val []byte) (rev uint64, holder
 		}
 		rev = e.Revision()
 	}
-	rev, err = s.casLock(rctx, val, rev)
+	rev, err = h.cas(ctx, h.val, rev)
 	return rev, "", err
 }
 
-func (s *Semaphore) casLock(ctx context.Context, val []byte, rev uint64) (uint64, error) {
-	newRev, err := s.kv.Update(ctx, lockKey, val, rev)
+func (h *lockHold) read(ctx context.Context) (jetstream.KeyValueEntry, error) {
+	rctx, cancel := h.s.rtt(ctx)
+	defer cancel()
+	return h.s.kv.Get(rctx, lockKey)
+}
+
+// cas writes val over revision rev. A lost write whose record turns out to
+// be ours (an earlier write of ours landed though its answer was lost) is
+// taken as done at the record's revision.
+func (h *lockHold) cas(ctx context.Context, val []byte, rev uint64) (uint64, error) {
+	rctx, cancel := h.s.rtt(ctx)
+	newRev, err := h.s.kv.Update(rctx, lockKey, val, rev)
+	cancel()
 	switch {
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+		e, rerr := h.read(ctx)
+		if rerr == nil {
+			var cur lockRecord
+			_ = json.Unmarshal(e.Value(), &cur)
+			if cur.Holder == h.me.Holder && string(val) != "{}" {
+				return e.Revision(), nil
+			}
+		}
 		return 0, errConflict
 	case err != nil:
 		return 0, wrapBrokerErr(err)
@@ -108,52 +158,54 @@ func (s *Semaphore) casLock(ctx context.Context, val []byte, rev uint64) (uint64
 	return newRev, nil
 }
 
-// holdLock renews the lock at revision rev until the returned unlock frees
-// it.
-func (s *Semaphore) holdLock(val []byte, rev uint64) (unlock func()) {
-	var (
-		mu   sync.Mutex
-		stop = make(chan struct{})
-		done = make(chan struct{})
-	)
-	go func() {
-		defer close(done)
-		t := time.NewTicker(s.lockTTL / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			mu.Lock()
-			ctx, cancel := s.rtt(context.Background())
-			newRev, err := s.casLock(ctx, val, rev)
-			cancel()
-			if err == nil {
-				rev = newRev
-			}
-			mu.Unlock()
-			if errors.Is(err, errConflict) {
-				s.log.Warn("admin lock: lost to another holder while held (not renewed for too long)")
-				return
-			}
+// renew rewrites the lock every lockTTL/3 until unlock; a renewal that
+// finds the lock taken over marks the holding lost (see held).
+func (h *lockHold) renew() {
+	defer close(h.done)
+	t := time.NewTicker(h.s.lockTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
 		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			close(stop)
-			<-done
-			mu.Lock()
-			defer mu.Unlock()
-			ctx, cancel := s.rtt(context.Background())
-			defer cancel()
-			// Free it; on a conflict someone took it over already. A failed
-			// write leaves it to expire.
-			if _, err := s.casLock(ctx, []byte("{}"), rev); err != nil && !errors.Is(err, errConflict) {
-				s.log.Warn("admin lock: could not free it; it expires in "+s.lockTTL.String(), "err", err)
-			}
-		})
+		h.mu.Lock()
+		newRev, err := h.cas(context.Background(), h.val, h.rev)
+		if err == nil {
+			h.rev = newRev
+		}
+		h.mu.Unlock()
+		if errors.Is(err, errConflict) {
+			h.lost.Store(true)
+			h.s.log.Warn("admin lock: lost to another holder while held (not renewed for too long)")
+			return
+		}
 	}
+}
+
+// held returns an error if the holding was lost: a run must not change
+// anything after that.
+func (h *lockHold) held() error {
+	if h.lost.Load() {
+		return fmt.Errorf("natssem: the admin lock was taken over (not renewed for %v); stopping", h.s.lockTTL)
+	}
+	return nil
+}
+
+// unlock stops the renewal and frees the lock; on a conflict someone took
+// it over already, and a failed write leaves it to expire.
+func (h *lockHold) unlock() {
+	h.once.Do(func() {
+		close(h.stop)
+		<-h.done
+		if h.lost.Load() {
+			return
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if _, err := h.cas(context.Background(), []byte("{}"), h.rev); err != nil && !errors.Is(err, errConflict) {
+			h.s.log.Warn("admin lock: could not free it; it expires in "+h.s.lockTTL.String(), "err", err)
+		}
+	})
 }

@@ -56,6 +56,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	}
 
 	var p tokensem.Permit
+	waited := false // the wait, not a broker request, ran out
 	if isSet(fs, "wait") && *wait == 0 {
 		// Try once: the broker round trips are bounded by the request
 		// timeout, not by a wait.
@@ -66,6 +67,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 			actx, cancel = context.WithTimeout(ctx, *wait)
 		}
 		p, err = s.Acquire(actx)
+		waited = actx.Err() != nil
 		cancel()
 	}
 	switch {
@@ -74,7 +76,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 		return exitCodeErr{code: signalExit(ctx), err: errors.New("interrupted while waiting for a permit")}
 	case errors.Is(err, tokensem.ErrNoPermit):
 		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s free now (--wait 0)", *name)}
-	case errors.Is(err, context.DeadlineExceeded):
+	case waited && errors.Is(err, context.DeadlineExceeded):
 		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
 	case errors.Is(err, tokensem.ErrTooManyWaiters):
 		return exitCodeErr{code: *conflict, err: err}

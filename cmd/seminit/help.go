@@ -4,7 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"strings"
 )
 
@@ -49,7 +51,7 @@ func verbHelp(w io.Writer, verb string, fs *flag.FlagSet) {
 // that starts with it or differs in at most two letters.
 func suggest(unknown string) string {
 	best, bestDist := "", 3
-	for verb := range commands {
+	for _, verb := range slices.Sorted(maps.Keys(commands)) {
 		if strings.HasPrefix(verb, unknown) && len(unknown) >= 2 {
 			return verb
 		}
