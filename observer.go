@@ -22,7 +22,8 @@ const (
 	// held.
 	EventRelease
 	// EventLost: a held permit was lost (Err says why); Held is how long it
-	// was held.
+	// was held. It is observed just after the permit's Done closes: the
+	// holder learns first.
 	EventLost
 	// EventRenew: a lease renewal ended, successfully when Err is nil. A
 	// failed renewal is retried until the lease runs out (then EventLost).

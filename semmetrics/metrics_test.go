@@ -95,6 +95,15 @@ func TestPermitMetrics(t *testing.T) {
 	if !errors.Is(p3.Err(), tokensem.ErrLeaseLost) {
 		t.Fatalf("p3: %v", p3.Err())
 	}
+	// Done closes first (a holder must learn of a loss at once); the
+	// observer hears of it right after.
+	for testutil.ToFloat64(m.lost.WithLabelValues(name)) == 0 {
+		select {
+		case <-bounded(t).Done():
+			t.Fatal("the loss was never counted")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	// p2 renews every lease/3.
 	for testutil.ToFloat64(m.renewals.WithLabelValues(name, "ok")) == 0 {
 		select {
