@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,7 +68,9 @@ func (s *Semaphore) register(ctx context.Context, version string) error {
 	body, _ := json.Marshal(registryEntry{Name: s.name})
 	var dc *amqp.DeferredConfirmation
 	err = rpc(rctx, ch, func() error {
-		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, amqp.Table{"x-queue-type": Quorum}); err != nil {
+		// Entries are requeued by every List: on 4.x the delivery limit
+		// must be off, as for the configuration queue.
+		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, configQueueArgs(version)); err != nil {
 			return err
 		}
 		if err := ch.Confirm(false); err != nil {
@@ -144,15 +147,7 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 		}
 		return drop, nil
 	})
-	slices.SortFunc(out, func(a, b tokensem.Info) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b tokensem.Info) int { return strings.Compare(a.Name, b.Name) })
 	return out, err
 }
 
