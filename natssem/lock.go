@@ -1,6 +1,7 @@
 package natssem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -134,28 +135,37 @@ func (h *lockHold) read(ctx context.Context) (jetstream.KeyValueEntry, error) {
 	return h.s.kv.Get(rctx, lockKey)
 }
 
-// cas writes val over revision rev. A lost write whose record turns out to
-// be ours (an earlier write of ours landed though its answer was lost) is
-// taken as done at the record's revision.
+// cas writes val over revision rev. A write that loses to a record of
+// ours (an earlier write of ours landed though its answer was lost) is
+// resolved against it: a holding write is done already, at the record's
+// revision; a freeing write is made again at that revision.
 func (h *lockHold) cas(ctx context.Context, val []byte, rev uint64) (uint64, error) {
-	rctx, cancel := h.s.rtt(ctx)
-	newRev, err := h.s.kv.Update(rctx, lockKey, val, rev)
-	cancel()
-	switch {
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
-		e, rerr := h.read(ctx)
-		if rerr == nil {
+	for range 2 {
+		rctx, cancel := h.s.rtt(ctx)
+		newRev, err := h.s.kv.Update(rctx, lockKey, val, rev)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+			e, rerr := h.read(ctx)
+			if rerr != nil {
+				return 0, errConflict
+			}
 			var cur lockRecord
 			_ = json.Unmarshal(e.Value(), &cur)
-			if cur.Holder == h.me.Holder && string(val) != "{}" {
+			if cur.Holder != h.me.Holder {
+				return 0, errConflict
+			}
+			if bytes.Equal(val, h.val) {
 				return e.Revision(), nil
 			}
+			rev = e.Revision()
+		case err != nil:
+			return 0, wrapBrokerErr(err)
+		default:
+			return newRev, nil
 		}
-		return 0, errConflict
-	case err != nil:
-		return 0, wrapBrokerErr(err)
 	}
-	return newRev, nil
+	return 0, errConflict
 }
 
 // renew rewrites the lock every lockTTL/3 until unlock; a renewal that
