@@ -215,14 +215,7 @@ func TestChaosNATSCluster(t *testing.T) {
 // share it.
 func TestChaosAMQP(t *testing.T) {
 	p := chosenProfile(t)
-	b, err := rabbittest.Start(semtest.Context(t, 2*time.Minute))
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and no RabbitMQ: %v", err)
-		}
-		t.Skipf("no RabbitMQ: %v", err)
-	}
-	defer b.Stop()
+	b := rabbittest.Need(t)
 	c, err := amqpsem.Dial(semtest.Context(t, time.Minute), b.URL)
 	if err != nil {
 		t.Fatal(err)

@@ -216,14 +216,7 @@ func TestNewValidates(t *testing.T) {
 
 // TestAMQPMetrics: the RabbitMQ backend reports through the same Observer.
 func TestAMQPMetrics(t *testing.T) {
-	b, err := rabbittest.Start(bounded(t))
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and no RabbitMQ: %v", err)
-		}
-		t.Skipf("no RabbitMQ: %v", err)
-	}
-	defer b.Stop()
+	b := rabbittest.Need(t)
 	c, err := amqpsem.Dial(bounded(t), b.URL)
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"testing"
 )
 
 // ErrNoBroker is returned by Start when $RABBITMQ_URL is not set.
@@ -45,19 +46,23 @@ func (b *Broker) URLVia(addr string) string {
 	return u.String()
 }
 
-// Main is the body of a TestMain for packages that need RabbitMQ. It exits
-// 0 without running tests when no broker exists and CI is unset, and 1
-// under CI=true.
-func Main(run func(*Broker) int) int {
-	b, err := Start(context.Background())
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintln(os.Stderr, "FAIL: CI=true and no RabbitMQ:", err)
-			return 1
-		}
-		fmt.Fprintln(os.Stderr, "SKIP: no RabbitMQ for these tests:", err)
-		return 0
+// Missing ends a test that needs the RabbitMQ that Start did not find
+// (err says why): a skip, or a failure under CI=true, where a missing
+// broker is a failure.
+func Missing(t testing.TB, err error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true and no RabbitMQ: %v", err)
 	}
-	defer b.Stop()
-	return run(b)
+	t.Skipf("no RabbitMQ: %v", err)
+}
+
+// Need returns the RabbitMQ of $RABBITMQ_URL, or ends the test (Missing).
+func Need(t testing.TB) *Broker {
+	t.Helper()
+	b, err := Start(t.Context())
+	if err != nil {
+		Missing(t, err)
+	}
+	return b
 }

@@ -39,10 +39,7 @@ type Brokers struct {
 func (b Brokers) RabbitFor(t testing.TB) *rabbittest.Broker {
 	t.Helper()
 	if b.Rabbit == nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI=true and no RabbitMQ: %v", b.RabbitErr)
-		}
-		t.Skipf("no RabbitMQ: %v", b.RabbitErr)
+		rabbittest.Missing(t, b.RabbitErr)
 	}
 	return b.Rabbit
 }
