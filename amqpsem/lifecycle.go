@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -19,7 +20,10 @@ var errDeleted = errors.New("amqpsem: the semaphore was deleted")
 // that nobody can open it any more, then its token queue, its slots' claim
 // queues and the configuration queue of an older layout. While any permit
 // is held it returns an error wrapping tokensem.ErrHeld and changes
-// nothing. A permit taken while Delete runs is lost as with ForceDelete.
+// nothing. To tell, it claims every slot itself as a holder would, so that
+// no permit can be taken while it removes the queues: a holder either
+// makes Delete refuse or never gets its permit (Acquire calls waiting
+// meanwhile return tokensem.ErrNotInitialized once the semaphore is gone).
 // Delete finishes a delete that was cut short; afterwards Init of the same
 // name with other values succeeds. No signing key is needed. A holder of a
 // slot that a shrink retired (index >= permits) is not seen by the check:
@@ -85,14 +89,12 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		return err
 	}
 	s.setConfig(cfg)
-	if !force && cfg.ready() {
-		st, err := s.status(ctx)
+	if !force {
+		release, err := s.closeSlots(ctx, cfg.Permits)
 		if err != nil {
 			return err
 		}
-		if st.Held > 0 {
-			return fmt.Errorf("%w: %s: %d of %d permits are held", tokensem.ErrHeld, s.name, st.Held, st.Permits)
-		}
+		defer release()
 	}
 	*removed = true
 	if _, err := s.deleteQueues(ctx, cfg.Permits); err != nil {
@@ -100,6 +102,40 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 	}
 	s.log.Info("semaphore deleted")
 	return s.unregister(ctx)
+}
+
+// closeSlots claims every slot as a holder would (an exclusive consumer on
+// its claim queue), so that no claim can succeed while Delete removes the
+// queues: a claimer that got a token is refused and gives it back. A slot
+// claimed already is held: tokensem.ErrHeld, and nothing is kept. release
+// drops the claims (the queues' deletion drops them too).
+func (s *Semaphore) closeSlots(ctx context.Context, permits int) (release func(), err error) {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	release = func() { _ = ch.Close() }
+	for i := range permits {
+		q := claimQueue(s.name, i)
+		rctx, cancel := s.rtt(ctx)
+		err := rpc(rctx, ch, func() error {
+			if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+				return err
+			}
+			_, err := ch.Consume(q, "tokensem-delete-"+strconv.Itoa(i), false, true, false, false, nil)
+			return err
+		})
+		cancel()
+		switch {
+		case isCode(err, amqp.AccessRefused):
+			release()
+			return nil, fmt.Errorf("%w: %s: slot %d is held", tokensem.ErrHeld, s.name, i)
+		case err != nil:
+			release()
+			return nil, wrapBrokerErr("claim slot "+strconv.Itoa(i)+" to delete it", err)
+		}
+	}
+	return release, nil
 }
 
 // deleteQueues deletes the semaphore's queues, configuration first, and

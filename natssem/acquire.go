@@ -274,6 +274,13 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 			}
 		}
 		ok = false // any retry reads the record afresh
+		if cur.rec.Deleted {
+			// Delete closed the slot: the semaphore goes away, or comes
+			// back if the delete is refused. Wait on either way.
+			s.log.Debug("delivery of a token of a slot being deleted; stepping away", "index", tok.Index)
+			s.holdBack(m)
+			return nil, nil
+		}
 		if !cur.rec.free() {
 			now, err := s.serverNow(ctx)
 			if err != nil {

@@ -106,6 +106,10 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	if w := ackWaitWarning(cons.Config.AckWait, inv.cfg.Lease); w != "" {
 		st.Warnings = append(st.Warnings, w)
 	}
+	if inv.cfg.State == stateDeleting {
+		st.Warnings = append(st.Warnings, "a Delete is running, or was cut short: Acquire waits until it ends "+
+			"(seminit delete, or an Init of the same name, finishes it)")
+	}
 	for _, idx := range c.HeldSlots {
 		sl := inv.slots[idx]
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx, Owner: sl.rec.Owner, Since: sl.written})

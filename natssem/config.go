@@ -18,17 +18,25 @@ type config struct {
 	Lease    time.Duration `json:"lease_ns"`
 	Epoch    uint64        `json:"epoch"`
 	KeyCheck string        `json:"key_check,omitempty"`
-	// State is stateSeeding while the creator publishes the tokens and
-	// stateReady afterwards; Open refuses a semaphore that is not ready.
+	// State is stateSeeding while the creator publishes the tokens,
+	// stateReady afterwards, and stateDeleting while Delete runs (see
+	// lifecycle.go); Open refuses a semaphore that is not ready.
 	State   string `json:"state"`
 	Seeder  string `json:"seeder,omitempty"`
 	Created int64  `json:"created_unix_ms"`
+	// Deleting is when Delete marked the semaphore (client clock), for
+	// whoever reads the bucket.
+	Deleting int64 `json:"deleting_unix_ms,omitempty"`
+	// Was is the state Delete found, put back if it refuses; empty on a
+	// placeholder Delete wrote where there was no configuration yet.
+	Was string `json:"was,omitempty"`
 }
 
 const (
 	configVersion = 1
 	stateSeeding  = "seeding"
 	stateReady    = "ready"
+	stateDeleting = "deleting"
 )
 
 func (c config) encode() []byte { return mustMarshal(c) }

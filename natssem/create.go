@@ -74,6 +74,10 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	return nil
 }
 
+// errRecreate sends Init back to createResources: the configuration it
+// was creating went away or changed hands, and is read afresh.
+var errRecreate = errors.New("natssem: the semaphore changed while being created")
+
 // seedStallTimeout is how long a creator may take to publish the tokens
 // before another Init takes the job over. It is well inside the stream's
 // 2-minute duplicate window, so a takeover republishing the same message IDs
@@ -100,8 +104,17 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 			return config{}, wrapBrokerErr(err)
 		}
 		cfg, rev, err := s.readConfig(ctx)
+		if errors.Is(err, tokensem.ErrNotInitialized) {
+			continue // deleted since (a Delete that found no holder): create it again
+		}
 		if err != nil {
 			return config{}, err
+		}
+		if cfg.State == stateDeleting {
+			if err := s.awaitDelete(ctx); err != nil {
+				return config{}, err
+			}
+			return config{}, errRecreate
 		}
 		if cfg.Permits != permits {
 			return config{}, &tokensem.PermitMismatchError{Name: s.name, Have: cfg.Permits, Want: permits}
@@ -168,7 +181,9 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 	defer cancel()
 	if _, err := s.kv.Update(rctx, configKey, cfg.encode(), rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return config{}, fmt.Errorf("natssem: another Init took over creating %s (this one stalled past %v)", s.name, seedStallTimeout)
+			// Another Init took the seeding over (this one stalled past
+			// seedStallTimeout), or a Delete marked the configuration.
+			return config{}, errRecreate
 		}
 		return config{}, wrapBrokerErr(err)
 	}

@@ -34,10 +34,19 @@ func (s *Semaphore) Inventory() *Inventory { return &Inventory{s: s} }
 
 // Lock takes the semaphore's admin lock (see lock), which Resize takes to
 // change the permit count, so a census reads one configuration throughout.
-// Issue is guarded besides by a compare-and-set of the slot record.
+// Issue is guarded besides by a compare-and-set of the slot record. A
+// semaphore being deleted (a Delete cut short holds no lock) is not
+// repaired: tokensem.ErrNotInitialized.
 func (inv *Inventory) Lock(ctx context.Context) (func(), error) {
 	h, err := inv.s.takeLock(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if cfg, _, err := inv.s.readConfig(ctx); err != nil || cfg.State == stateDeleting {
+		h.unlock()
+		if err == nil {
+			err = fmt.Errorf("%w: %s is being deleted (a Delete of it was cut short: run it again)", tokensem.ErrNotInitialized, inv.s.name)
+		}
 		return nil, err
 	}
 	inv.mu.Lock()

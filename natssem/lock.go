@@ -77,6 +77,9 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 			go h.renew()
 			return h, nil
 		case errors.Is(err, errConflict):
+		case transient(err) && answered(err) && s.gone(ctx, time.Now().Add(s.opts.RequestTimeout)):
+			// A bucket handle of a deleted semaphore answers "no responders".
+			return nil, fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
 		case transient(err):
 			s.log.Warn("admin lock: the broker did not answer; retrying", "err", err)
 		default:
@@ -201,6 +204,15 @@ func (h *lockHold) held() error {
 		return fmt.Errorf("natssem: the admin lock was taken over (not renewed for %v); stopping", h.s.lockTTL)
 	}
 	return nil
+}
+
+// abandon stops the renewal without freeing the lock: Delete calls it
+// once the bucket, and the lock with it, is gone.
+func (h *lockHold) abandon() {
+	h.once.Do(func() {
+		close(h.stop)
+		<-h.done
+	})
 }
 
 // unlock stops the renewal and frees the lock; on a conflict someone took

@@ -108,7 +108,7 @@ func (p *Permit) run() {
 			case err == nil:
 				expire.Reset(time.Until(p.Deadline()))
 				renew.Reset(interval)
-			case errors.Is(err, errTakenOver), errors.Is(err, nats.ErrConnectionClosed):
+			case errors.Is(err, errTakenOver), errors.Is(err, errDeleted), errors.Is(err, nats.ErrConnectionClosed):
 				p.lose(err)
 				return
 			case answered(err) && p.s.gone(p.ctx, p.Deadline()):
@@ -165,6 +165,8 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 			return nil
 		case got.rec.Holder == p.d.holder:
 			p.setRev(got.rev)
+		case got.rec.Deleted:
+			return fmt.Errorf("%w (ForceDelete closed its slot)", errDeleted)
 		default:
 			return fmt.Errorf("%w: record now held by %q at revision %d", errTakenOver, got.rec.Owner, got.rev)
 		}
@@ -185,7 +187,7 @@ func (p *Permit) free(ctx context.Context) error {
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, errTakenOver):
+		case errors.Is(err, errTakenOver), errors.Is(err, errDeleted):
 			return err
 		case !transient(err) || ctx.Err() != nil || wctx.Err() != nil:
 			return fmt.Errorf("release not confirmed, token returns after the lease: %w", err)

@@ -95,11 +95,18 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 	}
 	var cfg config
 	err = s.retry(ctx, "init", func() error {
-		if err := s.createResources(ctx, permits); err != nil {
-			return err
+		for {
+			if err := s.createResources(ctx, permits); err != nil {
+				return err
+			}
+			cfg, err = s.createConfig(ctx, permits)
+			if !errors.Is(err, errRecreate) {
+				return err
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 		}
-		cfg, err = s.createConfig(ctx, permits)
-		return err
 	})
 	if err != nil {
 		return nil, err
@@ -151,7 +158,11 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	if err != nil {
 		return nil, err
 	}
-	if cfg.State != stateReady {
+	switch cfg.State {
+	case stateReady:
+	case stateDeleting:
+		return nil, fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, name)
+	default:
 		return nil, fmt.Errorf("%w: %s is still being created", tokensem.ErrNotInitialized, name)
 	}
 	if w := ackWaitWarning(cons.Config.AckWait, cfg.Lease); w != "" {
@@ -329,6 +340,9 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 		cfg, rev, err := s.readConfig(ctx)
 		if err != nil {
 			return err
+		}
+		if cfg.State == stateDeleting {
+			return fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, s.name)
 		}
 		if cfg.Permits == permits {
 			return nil

@@ -29,6 +29,9 @@ type record struct {
 	Seq    uint64 `json:"seq"`         // stream sequence of the held (or last held) token
 	Token  string `json:"tok,omitempty"`
 	By     string `json:"by,omitempty"` // on a free record: the holder that released it
+	// Deleted marks a free slot that Delete closed: no claim takes it (see
+	// lifecycle.go). Clients before this field read it as free.
+	Deleted bool `json:"del,omitempty"`
 }
 
 func (r record) free() bool { return r.Holder == "" }

@@ -3,6 +3,7 @@ package natssem
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -168,10 +169,25 @@ func (s *Semaphore) giveBack(m *nats.Msg) {
 	}
 }
 
+// holdBack gives a token back to be redelivered after holdBackDelay, not
+// at once: a slot being deleted would otherwise bounce between waiters.
+func (s *Semaphore) holdBack(m *nats.Msg) {
+	if !isDelivery(m) {
+		return
+	}
+	if err := s.nc.Publish(m.Reply, ackNakDelayed); err != nil {
+		s.log.Warn("could not give back an unclaimed token; it returns after the lease", "err", err)
+	}
+}
+
+// holdBackDelay is how long holdBack keeps a token from the waiters.
+const holdBackDelay = 100 * time.Millisecond
+
 var (
-	ackNak      = []byte("-NAK")
-	ackProgress = []byte("+WPI")
-	ackAck      = []byte("+ACK")
+	ackNakDelayed = []byte(`-NAK {"delay": ` + strconv.FormatInt(int64(holdBackDelay), 10) + `}`)
+	ackNak        = []byte("-NAK")
+	ackProgress   = []byte("+WPI")
+	ackAck        = []byte("+ACK")
 )
 
 func isDelivery(m *nats.Msg) bool { return strings.HasPrefix(m.Reply, "$JS.ACK.") }

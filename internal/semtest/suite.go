@@ -39,6 +39,7 @@ func Run(t *testing.T, b Backend) {
 		{"GrowSeenByStaleClient", testGrowSeenByStaleClient},
 		{"ConcurrentResizeAndReconcile", testConcurrentAdmin},
 		{"Delete", testDelete},
+		{"DeleteRacingInit", testDeleteRacingInit},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })

@@ -1,0 +1,339 @@
+package natssem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
+)
+
+// Deleting a semaphore must neither strand a holder that does not know it
+// lost its permit, nor mix with an Init of the same name on another client:
+//  1. Delete takes the admin lock, so no reconcile, resize or other Delete
+//     runs meanwhile;
+//  2. it marks the configuration stateDeleting: Open refuses it, and Init
+//     waits for the delete to end by taking the lock itself (and finishes
+//     the delete of a deleter that died, once its lock expires);
+//  3. it refuses (tokensem.ErrHeld) if a live holder holds a slot, putting
+//     the configuration back; otherwise it closes every slot record by
+//     compare-and-set (record.Deleted), so that no claim can win any more.
+//     A claim that won first moved the record's revision, and the slot is
+//     looked at again. ForceDelete closes held slots too (their holders'
+//     renewals fail: they lose their permits) and waits until their lease
+//     has run out by the server's clock, so that nobody who held a permit
+//     of the old semaphore can still act on it once an Init makes a new one;
+//  4. it deletes the token stream, then the bucket.
+// A holder therefore either makes Delete refuse, or never got its permit.
+
+// Delete removes semaphore name: its token stream and its KV bucket
+// (configuration and slot records). While any permit is held it returns an
+// error wrapping tokensem.ErrHeld, naming the held slots, and changes
+// nothing. Acquire calls waiting meanwhile wait on, and return
+// tokensem.ErrNotInitialized once the semaphore is gone; an Init of the
+// same name waits for the delete and then creates the semaphore afresh.
+// Delete finishes a delete that was cut short. Clients of versions before
+// Delete existed do not see its closed slots: do not delete a semaphore
+// they use.
+//
+// Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
+// that name exists), tokensem.ErrHeld, or a wrapped broker error.
+func Delete(ctx context.Context, nc *nats.Conn, name string) error {
+	return deleteSemaphore(ctx, nc, name, false)
+}
+
+// ForceDelete removes semaphore name as Delete does, held permits or not.
+// Every holder learns of it at its next renewal (Done closes with an error
+// wrapping tokensem.ErrLeaseLost), within a third of the lease, and
+// ForceDelete returns only once their lease has run out (by the server's
+// clock): at most one lease. Waiters in Acquire return
+// tokensem.ErrNotInitialized.
+func ForceDelete(ctx context.Context, nc *nats.Conn, name string) error {
+	return deleteSemaphore(ctx, nc, name, true)
+}
+
+func deleteSemaphore(ctx context.Context, nc *nats.Conn, name string, force bool) error {
+	if err := tokensem.ValidateName(name); err != nil {
+		return err
+	}
+	s, err := newSemaphore(nc, name, mustOptions())
+	if err != nil {
+		return err
+	}
+	// A try whose delete landed unanswered leaves nothing for the next
+	// one to find: that is success, not ErrNotInitialized.
+	removed := false
+	err = s.retry(ctx, "delete", func() error { return s.delete(ctx, force, &removed) })
+	if removed && errors.Is(err, tokensem.ErrNotInitialized) {
+		return nil
+	}
+	return err
+}
+
+func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {
+	rctx, cancel := s.rtt(ctx)
+	kv, err := s.js.KeyValue(rctx, BucketName(s.name))
+	cancel()
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		// Nothing to check; a stream left by a creation cut short goes too.
+		return s.deleteStream(ctx, true)
+	case err != nil:
+		return wrapBrokerErr(err)
+	}
+	s.setBucket(kv)
+	h, err := s.takeLock(ctx)
+	if err != nil {
+		return err
+	}
+	defer h.unlock()
+	cfg, err := s.markDeleting(ctx)
+	if err != nil {
+		return err
+	}
+	wait, err := s.closeSlots(ctx, cfg, force)
+	if errors.Is(err, tokensem.ErrHeld) {
+		if rerr := s.reopen(ctx); rerr != nil {
+			return rerr // a retry refuses again, and reopens again
+		}
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if wait > 0 {
+		s.log.Info("waiting for the leases of the force-deleted permits to run out", "for", wait)
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
+	*removed = true // from here on, what a later try does not find is gone
+	if err := s.deleteStream(ctx, false); err != nil {
+		return err
+	}
+	rctx, cancel = s.rtt(ctx)
+	err = s.js.DeleteKeyValue(rctx, BucketName(s.name))
+	cancel()
+	if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return wrapBrokerErr(err)
+	}
+	h.abandon() // the lock went with the bucket
+	s.log.Info("semaphore deleted")
+	return nil
+}
+
+// markDeleting marks the configuration stateDeleting (noting the state it
+// had in Was) and returns it. A bucket without a configuration (an Init
+// that has not written it yet) gets a placeholder in that state, which
+// holds the Init off.
+func (s *Semaphore) markDeleting(ctx context.Context) (config, error) {
+	for {
+		cfg, rev, err := s.readConfig(ctx)
+		switch {
+		case errors.Is(err, tokensem.ErrNotInitialized):
+			cfg = config{Version: configVersion, Permits: 1, Lease: s.opts.Lease, Epoch: 1, Created: time.Now().UnixMilli()}
+			rev = 0
+		case err != nil:
+			return config{}, err
+		case cfg.State == stateDeleting:
+			return cfg, nil // an earlier try, or a deleter that died
+		default:
+			cfg.Was = cfg.State
+		}
+		cfg.State, cfg.Deleting = stateDeleting, time.Now().UnixMilli()
+		rctx, cancel := s.rtt(ctx)
+		if rev == 0 {
+			_, err = s.kv.Create(rctx, configKey, cfg.encode())
+		} else {
+			_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
+		}
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+			continue // written meanwhile (an Init): read again
+		case err != nil:
+			return config{}, wrapBrokerErr(err)
+		}
+		return cfg, nil
+	}
+}
+
+// closeSlots closes every slot record (see the top of this file) and
+// returns how long the leases of the holders it took the slots of (force)
+// still run by the server's clock. Without force a live holder makes it
+// return an error wrapping tokensem.ErrHeld, having closed nothing if the
+// holder was there from the start.
+func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool) (time.Duration, error) {
+	slots, err := s.slots.readAll(ctx)
+	if err != nil {
+		return 0, err
+	}
+	now, err := s.serverNow(ctx)
+	if errors.Is(err, tokensem.ErrNotInitialized) {
+		return 0, nil // no stream or consumer: no token can be delivered, nobody holds one
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := cfg.Permits
+	var held []int
+	for idx, sl := range slots {
+		n = max(n, idx+1)
+		if sl.live(now, cfg.Lease) {
+			held = append(held, idx)
+		}
+	}
+	if len(held) > 0 && !force {
+		slices.Sort(held)
+		return 0, heldError(s.name, held, cfg.Lease)
+	}
+	var until time.Time // when the last lease of a holder we took a slot from runs out
+	for idx := range n {
+		sl := slots[idx] // zero: never written, revision 0
+		for !sl.rec.Deleted {
+			if sl.live(now, cfg.Lease) {
+				if !force {
+					return 0, heldError(s.name, []int{idx}, cfg.Lease)
+				}
+				until = later(until, sl.written.Add(cfg.Lease))
+			}
+			closed := record{Seq: sl.rec.Seq, Token: sl.rec.Token, Deleted: true}
+			_, err := s.slots.cas(ctx, idx, closed, sl.rev, 0)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, errConflict) {
+				return 0, err
+			}
+			// A claim, renewal or release wrote first: look again.
+			if sl, err = s.slots.read(ctx, idx); err != nil {
+				return 0, err
+			}
+			if now, err = s.serverNow(ctx); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if until.After(now) {
+		return until.Sub(now), nil
+	}
+	return 0, nil
+}
+
+func heldError(name string, held []int, lease time.Duration) error {
+	return fmt.Errorf("%w: %s: slots %v are held (renewed within the last %v)", tokensem.ErrHeld, name, held, lease)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// reopen undoes a refused delete: it reopens the closed slot records, then
+// puts the configuration's state back (a placeholder goes).
+func (s *Semaphore) reopen(ctx context.Context) error {
+	slots, err := s.slots.readAll(ctx)
+	if err != nil {
+		return err
+	}
+	for idx, sl := range slots {
+		if !sl.rec.Deleted {
+			continue
+		}
+		open := sl.rec
+		open.Deleted = false
+		if _, err := s.slots.cas(ctx, idx, open, sl.rev, 0); err != nil && !errors.Is(err, errConflict) {
+			return err
+		}
+	}
+	for {
+		cfg, rev, err := s.readConfig(ctx)
+		switch {
+		case errors.Is(err, tokensem.ErrNotInitialized):
+			return nil
+		case err != nil:
+			return err
+		case cfg.State != stateDeleting:
+			return nil
+		}
+		rctx, cancel := s.rtt(ctx)
+		if cfg.Was == "" {
+			err = s.kv.Delete(rctx, configKey, jetstream.LastRevision(rev))
+		} else {
+			cfg.State, cfg.Was, cfg.Deleting = cfg.Was, "", 0
+			_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
+		}
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
+			continue
+		case err != nil:
+			return wrapBrokerErr(err)
+		}
+		return nil
+	}
+}
+
+// awaitDelete waits for a delete that marked the configuration to end (by
+// taking the admin lock its deleter holds), and finishes it if its deleter
+// died; a delete that finds a holder is undone instead. Init calls it.
+func (s *Semaphore) awaitDelete(ctx context.Context) error {
+	s.log.Info("the semaphore is being deleted; waiting for that to end")
+	removed := false
+	err := s.delete(ctx, false, &removed)
+	if errors.Is(err, tokensem.ErrHeld) || errors.Is(err, tokensem.ErrNotInitialized) {
+		return nil
+	}
+	return err
+}
+
+// deleteStream deletes the token stream; a missing one is
+// ErrNotInitialized when nothing else was found either.
+func (s *Semaphore) deleteStream(ctx context.Context, onlyThis bool) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	err := s.js.DeleteStream(rctx, StreamName(s.name))
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		if onlyThis {
+			return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+		}
+		return nil
+	case err != nil:
+		return wrapBrokerErr(err)
+	}
+	return nil
+}
+
+// errDeleted is the cause of the loss of a permit whose semaphore was
+// deleted.
+var errDeleted = errors.New("natssem: the semaphore was deleted")
+
+// gone reports whether the semaphore's bucket no longer exists (it was
+// deleted), as opposed to not answering. It asks by deadline at the
+// latest: a holder must give its permit up at its deadline whatever gone
+// learns.
+func (s *Semaphore) gone(ctx context.Context, deadline time.Time) bool {
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	rctx, cancel = context.WithTimeout(rctx, s.opts.RequestTimeout)
+	defer cancel()
+	_, err := s.js.KeyValue(rctx, BucketName(s.name))
+	return errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+// answered reports whether a failed request got an answer (a missing
+// stream answers "no responders" at once), rather than timing out: only
+// then is it worth asking whether the semaphore is gone.
+func answered(err error) bool {
+	return !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) &&
+		!errors.Is(err, context.Canceled)
+}

@@ -1,0 +1,90 @@
+package natssem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+)
+
+// List returns the semaphores of the NATS server or cluster nc is
+// connected to, sorted by name: every KV bucket tokensem_NAME, with its
+// configuration. A bucket without one (an Init that has not written it
+// yet, or a Delete half done) is listed as "creating" with 0 permits.
+//
+// Errors: a wrapped broker error.
+func List(ctx context.Context, nc *nats.Conn) ([]tokensem.Info, error) {
+	s, err := newSemaphore(nc, "", mustOptions())
+	if err != nil {
+		return nil, err
+	}
+	var out []tokensem.Info
+	err = s.retry(ctx, "list", func() error {
+		out, err = s.list(ctx)
+		return err
+	})
+	return out, err
+}
+
+func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lister := s.js.KeyValueStoreNames(lctx)
+	var names []string
+	for b := range lister.Name() { // drained to the end: the lister's goroutine sends until then
+		if name, ok := strings.CutPrefix(b, bucketPrefix); ok && tokensem.ValidateName(name) == nil {
+			names = append(names, name)
+		}
+	}
+	if err := lister.Error(); err != nil {
+		return nil, wrapBrokerErr(fmt.Errorf("listing KV buckets: %w", err))
+	}
+	slices.Sort(names)
+	out := make([]tokensem.Info, 0, len(names))
+	for _, name := range names {
+		info := tokensem.Info{Name: name, Backend: "nats", State: stateCreating}
+		rctx, cancel := s.rtt(ctx)
+		kv, err := s.js.KeyValue(rctx, BucketName(name))
+		var e jetstream.KeyValueEntry
+		if err == nil {
+			e, err = kv.Get(rctx, configKey)
+		}
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			continue // deleted meanwhile
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return nil, wrapBrokerErr(err)
+		default:
+			cfg, err := decodeConfig(e.Value())
+			if err != nil {
+				return nil, err
+			}
+			info.Permits, info.Lease = cfg.Permits, cfg.Lease
+			if cfg.State == stateReady || cfg.State == stateDeleting {
+				info.State = cfg.State
+			}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// stateCreating is what List reports of a semaphore that is not ready.
+const stateCreating = "creating"
+
+// mustOptions returns the default options.
+func mustOptions() options {
+	o, err := newOptions(nil)
+	if err != nil {
+		panic(err) // the defaults are valid
+	}
+	return o
+}
