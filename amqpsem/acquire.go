@@ -81,7 +81,17 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			return nil, tokensem.ErrNoPermit
 		}
 		pc, err := s.channel(ctx)
-		if err != nil {
+		var retry errRetry
+		switch {
+		case errors.As(err, &retry) || err != nil && !noWait && transient(err):
+			// The connection went away as the channel was being set up
+			// (a 541 closes it): wait on, on a new one.
+			if err := backoff.Sleep(ctx, pause+rand.N(pause)); err != nil {
+				return nil, err
+			}
+			pause = min(2*pause, time.Second)
+			continue
+		case err != nil:
 			return nil, err
 		}
 		// TryAcquire takes a ready token with basic.get. Acquire consumes
@@ -110,7 +120,6 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		if p != nil {
 			return p, nil
 		}
-		var retry errRetry
 		switch {
 		case errors.As(err, &retry):
 		case !noWait && transient(err):

@@ -309,7 +309,16 @@ func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), er
 			}, nil
 		}
 		_ = ch.Close()
-		if !isCode(err, amqp.ResourceLocked) {
+		switch {
+		case isCode(err, amqp.ResourceLocked):
+		case isCode(err, amqp.InternalError):
+			// Declaring an exclusive queue while its previous owner's
+			// delete of it is still going on fails with 541 and closes the
+			// connection (seen on 3.10.8 with semgroup's idle expiry
+			// deleting a semaphore another replica creates again); the
+			// connection is made again and the declare retried.
+			s.log.Debug("the lock queue is being deleted; retrying", "queue", q, "err", err)
+		default:
 			local.Unlock()
 			return nil, wrapBrokerErr("taking the lock "+q, err)
 		}

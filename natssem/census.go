@@ -84,6 +84,10 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]storedToken, error) {
 func (s *Semaphore) Status(ctx context.Context) (st tokensem.Status, err error) {
 	err = s.retry(ctx, "status", func() error {
 		st, err = s.status(ctx)
+		if transient(err) && answered(err) && s.gone(ctx, time.Now().Add(s.opts.RequestTimeout)) {
+			// A handle of a deleted semaphore is answered "no responders".
+			return fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
+		}
 		return err
 	})
 	return st, err

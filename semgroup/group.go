@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tokensem/tokensem"
 )
@@ -26,12 +27,18 @@ type Group struct {
 	ctx     context.Context // the opens' parent; cancelled by Close
 	cancel  context.CancelFunc
 	opening sync.WaitGroup // open goroutines
+	janitor sync.WaitGroup // the idle expiry's goroutine (expiry.go)
 
 	mu       sync.Mutex
 	entries  map[string]*entry
 	lru      *list.List          // of *entry, most recently used first
 	detached map[*entry]struct{} // evicted while in use, open until unused
 	closed   bool
+	// With an idle expiry: keys evicted unused, by when they were last
+	// used, and keys whose semaphore is being deleted (a use waits for the
+	// channel to close).
+	idleSince map[string]time.Time
+	expiring  map[string]chan struct{}
 }
 
 // entry is one key's semaphore, opened once.
@@ -42,9 +49,10 @@ type entry struct {
 	err       error              // the open's error, set before ready closes
 
 	// Guarded by Group.mu.
-	refs   int           // waiting or running calls and unreleased permits
-	elem   *list.Element // nil once evicted
-	closed bool          // sem was (or is being) closed
+	refs     int           // waiting or running calls and unreleased permits
+	elem     *list.Element // nil once evicted
+	closed   bool          // sem was (or is being) closed
+	lastUsed time.Time     // when refs last dropped to 0 (or the first use began)
 }
 
 // New returns a Group that creates each key's semaphore with init and
@@ -64,10 +72,16 @@ func New(init InitFunc, permits int, opts ...Option) (*Group, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Group{
+	g := &Group{
 		init: init, permits: permits, opts: o, ctx: ctx, cancel: cancel,
 		entries: make(map[string]*entry), lru: list.New(), detached: make(map[*entry]struct{}),
-	}, nil
+		idleSince: make(map[string]time.Time), expiring: make(map[string]chan struct{}),
+	}
+	if o.idleExpiry > 0 {
+		g.janitor.Add(1)
+		go g.expireIdle()
+	}
+	return g, nil
 }
 
 // Name returns the semaphore name of key, or an error wrapping
@@ -105,16 +119,58 @@ func (g *Group) TryAcquire(ctx context.Context, key string) (*Permit, error) {
 
 func (g *Group) acquire(ctx context.Context, key string,
 	take func(tokensem.Semaphore, context.Context) (tokensem.Permit, error)) (*Permit, error) {
-	e, err := g.use(ctx, key)
+	var p tokensem.Permit
+	e, err := g.withSem(ctx, key, func(e *entry) (err error) {
+		p, err = take(e.sem, ctx)
+		return err
+	})
 	if err != nil {
-		return nil, err
-	}
-	p, err := take(e.sem, ctx)
-	if err != nil {
-		g.unref(e)
 		return nil, err
 	}
 	return &Permit{Permit: p, g: g, e: e}, nil
+}
+
+// reopens is how many times a call opens its key again after finding its
+// semaphore deleted.
+const reopens = 2
+
+// withSem runs fn on key's semaphore and returns its entry, still
+// referenced, if fn succeeds. A semaphore deleted behind the Group's back
+// (by another replica's idle expiry, or an operator) answers
+// tokensem.ErrNotInitialized: the key is then opened afresh, which creates
+// it again, and fn retried.
+func (g *Group) withSem(ctx context.Context, key string, fn func(*entry) error) (*entry, error) {
+	for attempt := 0; ; attempt++ {
+		e, err := g.use(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		err = fn(e)
+		if err == nil {
+			return e, nil
+		}
+		if errors.Is(err, tokensem.ErrNotInitialized) && attempt < reopens {
+			g.opts.log.Debug("semaphore deleted elsewhere; opening it again", "key", key, "semaphore", e.name)
+			g.forget(e)
+			g.unref(e)
+			continue
+		}
+		g.unref(e)
+		return nil, err
+	}
+}
+
+// forget drops e from the cache, if it is still there; it is closed once
+// unused.
+func (g *Group) forget(e *entry) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.entries[e.key] == e {
+		delete(g.entries, e.key)
+		g.lru.Remove(e.elem)
+		e.elem = nil
+		g.detached[e] = struct{}{}
+	}
 }
 
 // Do runs fn under a permit of key's semaphore: tokensem.Do on For(key),
@@ -142,12 +198,16 @@ func (g *Group) Open(ctx context.Context, key string) error {
 //
 // Errors: as Acquire, or the semaphore's Status error.
 func (g *Group) Status(ctx context.Context, key string) (tokensem.Status, error) {
-	e, err := g.use(ctx, key)
+	var st tokensem.Status
+	e, err := g.withSem(ctx, key, func(e *entry) (err error) {
+		st, err = e.sem.Status(ctx)
+		return err
+	})
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	defer g.unref(e)
-	return e.sem.Status(ctx)
+	g.unref(e)
+	return st, nil
 }
 
 // Len returns the number of keys cached now (at most the WithMaxSize bound).
@@ -172,6 +232,7 @@ func (g *Group) Close() error {
 	g.mu.Unlock()
 	g.cancel()
 	g.opening.Wait()
+	g.janitor.Wait()
 
 	g.mu.Lock()
 	var toClose []*entry
@@ -212,10 +273,26 @@ func (g *Group) use(ctx context.Context, key string) (*entry, error) {
 		return nil, err
 	}
 	g.mu.Lock()
-	if g.closed {
+	for {
+		if g.closed {
+			g.mu.Unlock()
+			return nil, tokensem.ErrClosed
+		}
+		deleting := g.expiring[key]
+		if deleting == nil {
+			break
+		}
+		// The idle expiry is deleting this key's semaphore: open it again
+		// (creating it) only once that is over.
 		g.mu.Unlock()
-		return nil, tokensem.ErrClosed
+		select {
+		case <-deleting:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		g.mu.Lock()
 	}
+	delete(g.idleSince, key)
 	e := g.entries[key]
 	var evicted []*entry
 	if e == nil {
@@ -229,6 +306,7 @@ func (g *Group) use(ctx context.Context, key string) (*entry, error) {
 		g.lru.MoveToFront(e.elem)
 	}
 	e.refs++
+	e.lastUsed = time.Now()
 	g.mu.Unlock()
 	g.closeAll(evicted)
 
@@ -327,6 +405,9 @@ func (g *Group) unusedLocked(e *entry) bool {
 	}
 	e.closed = true
 	delete(g.detached, e)
+	if g.opts.idleExpiry > 0 && g.entries[e.key] == nil && g.expiring[e.key] == nil && !g.closed {
+		g.idleSince[e.key] = e.lastUsed // the idle expiry still deletes it
+	}
 	return true
 }
 
@@ -335,6 +416,9 @@ func (g *Group) unusedLocked(e *entry) bool {
 func (g *Group) unref(e *entry) {
 	g.mu.Lock()
 	e.refs--
+	if e.refs == 0 {
+		e.lastUsed = time.Now()
+	}
 	closeNow := g.unusedLocked(e)
 	g.mu.Unlock()
 	if closeNow {

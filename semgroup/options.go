@@ -1,6 +1,7 @@
 package semgroup
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -22,6 +23,8 @@ type options struct {
 	maxSize     int
 	openTimeout time.Duration
 	log         *slog.Logger
+	idleExpiry  time.Duration // 0: none
+	deleteFn    DeleteFunc
 }
 
 // Option configures New. An invalid value makes New return an error
@@ -108,6 +111,42 @@ func WithLogger(l *slog.Logger) Option {
 			return fmt.Errorf("%w: nil logger", tokensem.ErrInvalidOption)
 		}
 		o.log = l
+		return nil
+	}
+}
+
+// DeleteFunc deletes semaphore name unless a permit of it is held
+// anywhere: natssem.Delete or amqpsem.Delete in a closure, never their
+// ForceDelete. It must return an error wrapping tokensem.ErrHeld when a
+// permit is held, and one wrapping tokensem.ErrNotInitialized when the
+// semaphore does not exist.
+type DeleteFunc func(ctx context.Context, name string) error
+
+// WithIdleExpiry deletes a key's semaphore from the broker once this Group
+// has not used it for d: no call for the key and no unreleased permit of
+// it, whether the key is still cached or was evicted. del deletes it (see
+// DeleteFunc); each delete is bounded by the open timeout. Keys are
+// checked every d/4 (at most every minute, at least every 10 ms), so a
+// key goes within about 1.25 d of its last use.
+//
+// Other replicas may use the same keys. A delete is refused while any
+// client holds a permit (the backends' Delete claims every slot first, so
+// a permit is never taken from under a holder); the key is then left to
+// the next use and idle period. A replica whose cached semaphore was
+// deleted meanwhile finds out on its next call (tokensem.ErrNotInitialized
+// from the broker), opens the key again — the InitFunc creates it, after
+// waiting for a delete in progress — and retries, so its callers see no
+// error; the InitFunc must therefore create (Init), not just open. A use
+// of the key in this Group while its delete runs waits for the delete to
+// end. Close stops the expiry; keys idle at Close are left on the broker.
+//
+// d must be positive and del not nil. Default: no expiry.
+func WithIdleExpiry(d time.Duration, del DeleteFunc) Option {
+	return func(o *options) error {
+		if d <= 0 || del == nil {
+			return fmt.Errorf("%w: idle expiry %v with a nil delete function %v", tokensem.ErrInvalidOption, d, del == nil)
+		}
+		o.idleExpiry, o.deleteFn = d, del
 		return nil
 	}
 }
