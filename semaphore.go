@@ -73,6 +73,25 @@ type Status struct {
 	Warnings  []string      `json:"warnings,omitempty"` // anything odd the census noticed
 }
 
+// Count is a cheap reading of a semaphore's use from the broker's own
+// counters, in one round trip: no token is read or moved, unlike the
+// census behind Status. It is an estimate — a token being claimed or
+// handed on counts as held for that moment, and duplicate or missing
+// tokens are not told apart — which a metrics scrape or an autoscaler can
+// afford to take often. Status is exact.
+type Count struct {
+	Permits   int `json:"permits"`   // configured N, as last read
+	Available int `json:"available"` // tokens ready to be taken
+	Held      int `json:"held"`      // tokens out with holders (or being claimed)
+	Waiting   int `json:"waiting"`   // callers blocked in Acquire
+}
+
+// Counter is a Semaphore that can Count: natssem and amqpsem semaphores
+// are.
+type Counter interface {
+	Count(ctx context.Context) (Count, error)
+}
+
 // Info describes one semaphore found by a backend's List.
 type Info struct {
 	Name    string        `json:"name"`

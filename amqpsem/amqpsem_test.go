@@ -3,6 +3,8 @@ package amqpsem_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -19,10 +21,14 @@ func name(t *testing.T) string {
 
 func initAMQP(t *testing.T, n string, permits int, opts ...amqpsem.Option) *amqpsem.Semaphore {
 	t.Helper()
-	s, err := amqpsem.Init(t.Context(), dial(t, broker.Addr, 0), n, permits, opts...)
+	c := dial(t, broker.Addr, 0)
+	s, err := amqpsem.Init(t.Context(), c, n, permits, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Delete what the test made (a long-lived broker would fill up), after
+	// the semaphore's Close.
+	t.Cleanup(func() { _ = amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, n) })
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
@@ -208,5 +214,34 @@ func TestConcurrentInitOneConn(t *testing.T) {
 	}
 	if st.Tokens != 3 || !st.Healthy {
 		t.Fatalf("after 4 concurrent Inits on one connection: %+v", st)
+	}
+}
+
+// TestListBackToBack: Lists in a row, from two connections, each see
+// every semaphore: a List puts the registry's entries back before the
+// next one may read (one List right after another once missed an entry,
+// under load).
+func TestListBackToBack(t *testing.T) {
+	var names []string
+	for i := range 3 {
+		n := name(t) + "-" + strconv.Itoa(i)
+		names = append(names, n)
+		initAMQP(t, n, 1)
+	}
+	conns := []*amqpsem.Conn{dial(t, broker.Addr, 0), dial(t, broker.Addr, 0)}
+	for i := range 6 {
+		infos, err := amqpsem.List(semtest.Context(t, time.Minute), conns[i%2])
+		if err != nil {
+			t.Fatalf("list %d: %v", i, err)
+		}
+		found := 0
+		for _, in := range infos {
+			if slices.Contains(names, in.Name) {
+				found++
+			}
+		}
+		if found != len(names) {
+			t.Fatalf("list %d found %d of the %d semaphores", i, found, len(names))
+		}
 	}
 }

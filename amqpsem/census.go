@@ -293,3 +293,41 @@ func (s *Semaphore) unaccounted(ready [][]byte, cfg config) []int {
 	}
 	return out
 }
+
+// Count reads the token queue's counters with a passive declare (one round
+// trip): ready messages are available; the rest of the permits are held;
+// consumers are waiters (a quorum queue also counts every holder as a
+// consumer, which is taken off). See tokensem.Count for what it cannot
+// tell.
+//
+// Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
+// broker error.
+func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
+	if s.isClosed() {
+		return tokensem.Count{}, tokensem.ErrClosed
+	}
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return tokensem.Count{}, err
+	}
+	defer ch.Close()
+	var q amqp.Queue
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	err = rpc(rctx, ch, func() error {
+		q, err = ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil)
+		return err
+	})
+	switch {
+	case isCode(err, amqp.NotFound):
+		return tokensem.Count{}, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+	case err != nil:
+		return tokensem.Count{}, wrapBrokerErr("count", err)
+	}
+	cfg := s.config()
+	c := tokensem.Count{Permits: cfg.Permits, Available: q.Messages, Held: max(0, cfg.Permits-q.Messages), Waiting: q.Consumers}
+	if cfg.QueueType == Quorum {
+		c.Waiting = max(0, c.Waiting-c.Held)
+	}
+	return c, nil
+}

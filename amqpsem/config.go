@@ -226,26 +226,34 @@ func (s *Semaphore) noConfigQueue(ctx context.Context) error {
 // broker error (wrapping tokensem.ErrUnavailable and naming the node), not
 // absence.
 func (s *Semaphore) queueExists(ctx context.Context, q string) (bool, error) {
+	_, exists, err := s.queueMessages(ctx, q)
+	return exists, err
+}
+
+// queueMessages returns the number of ready messages in queue q, and
+// whether it exists.
+func (s *Semaphore) queueMessages(ctx context.Context, q string) (int, bool, error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
-		return false, err
+		return 0, false, err
 	}
 	defer ch.Close()
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
+	var info amqp.Queue
 	err = rpc(rctx, ch, func() error {
-		_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		info, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		return err
 	})
 	switch {
 	case err == nil:
-		return true, nil
+		return info.Messages, true, nil
 	case isHomeNodeDown(err):
-		return false, wrapBrokerErr("queue "+q, err)
+		return 0, false, wrapBrokerErr("queue "+q, err)
 	case isCode(err, amqp.NotFound):
-		return false, nil
+		return 0, false, nil
 	}
-	return false, wrapBrokerErr("queue "+q, err)
+	return 0, false, wrapBrokerErr("queue "+q, err)
 }
 
 // isHomeNodeDown reports whether err is RabbitMQ's 404 for a durable

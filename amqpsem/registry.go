@@ -40,9 +40,9 @@ import (
 // Semaphores made by a version before the registry are not listed. The
 // age of an entry is read from its publisher's clock: clients whose clocks
 // are more than staleEntry apart could drop the entry of an Init still in
-// progress. An entry put back by the previous reader that takes longer
-// than registryQuiet to come again (a very loaded cluster) is missed by
-// that List, not lost.
+// progress. A reader reads at least as many entries as the queue counts
+// ready, and puts the others back before it lets the lock go, waiting
+// (up to registryReadMax) until the queue counts them again.
 
 // Registry queue names. A semaphore name cannot be empty, so these never
 // collide with a semaphore's queues (tokensem.NAME...).
@@ -213,7 +213,7 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 		return err
 	}
 	defer unlock()
-	exists, err := s.queueExists(ctx, registryQueue)
+	ready, exists, err := s.queueMessages(ctx, registryQueue)
 	if err != nil || !exists {
 		if err == nil {
 			_, err = fn(nil)
@@ -236,11 +236,13 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 	if err != nil {
 		return wrapBrokerErr("read the registry", err)
 	}
-	// Every entry is ready (only lock holders take them), but the queue's
-	// message count can lag a requeue: read until the queue goes quiet.
+	// Every entry is ready (only lock holders take them, and the last one
+	// waited for its requeue to land): read at least the ready count, then
+	// until the queue goes quiet (a concurrent Init may add one).
 	var entries []registered
 	quiet := time.NewTimer(registryQuiet)
 	defer quiet.Stop()
+	giveUp := time.Now().Add(registryReadMax)
 read:
 	for {
 		select {
@@ -253,7 +255,14 @@ read:
 			entries = append(entries, registered{registryEntry: e, tag: d.DeliveryTag, at: d.Timestamp})
 			quiet.Reset(registryQuiet)
 		case <-quiet.C:
-			break read
+			if len(entries) >= ready {
+				break read
+			}
+			if time.Now().After(giveUp) {
+				s.log.Warn("the registry delivered fewer entries than it counted; listing those", "got", len(entries), "counted", ready)
+				break read
+			}
+			quiet.Reset(registryQuiet)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -267,15 +276,34 @@ read:
 			return wrapBrokerErr("update the registry", err)
 		}
 	}
-	return nil
+	// Closing the channel puts the other entries back; the queue counts
+	// them ready only a moment later. Wait for that under the lock, so that
+	// the next reader's count includes them (a List right after another
+	// once missed an entry).
+	_ = ch.Close()
+	kept := len(entries) - len(drop)
+	for deadline := time.Now().Add(registryReadMax); ; {
+		n, _, err := s.queueMessages(ctx, registryQueue)
+		if err != nil || n >= kept || time.Now().After(deadline) {
+			return nil
+		}
+		if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
+			return nil
+		}
+	}
 }
 
 // listParallel bounds the semaphores List describes at once.
 const listParallel = 16
 
-// registryQuiet is how long the registry must stay silent before a reader
-// takes it to have delivered every entry.
-const registryQuiet = 200 * time.Millisecond
+// registryQuiet is how long the registry must stay silent, once it has
+// delivered the entries it counted, before a reader takes it to have
+// delivered every entry; registryReadMax bounds the wait for the counted
+// entries, and for the put-back ones to be counted again.
+const (
+	registryQuiet   = 200 * time.Millisecond
+	registryReadMax = 10 * time.Second
+)
 
 // lockQueue takes a broker-wide lock: the exclusive queue q, which a
 // second connection cannot declare (405 RESOURCE_LOCKED) and which the

@@ -14,7 +14,10 @@ import (
 	"github.com/tokensem/tokensem/reconciler"
 )
 
-var _ tokensem.Semaphore = (*Semaphore)(nil)
+var (
+	_ tokensem.Semaphore = (*Semaphore)(nil)
+	_ tokensem.Counter   = (*Semaphore)(nil)
+)
 
 // Semaphore is a distributed semaphore whose permits are token messages in
 // a durable RabbitMQ queue. Create one with Init or Open; it is safe for

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/testhook"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -133,4 +134,40 @@ func ackWaitWarning(ackWait, lease time.Duration) string {
 		return ""
 	}
 	return fmt.Sprintf("the holders consumer's AckWait is %v but the semaphore's lease is %v (the consumer was changed after Init): put AckWait back to %v", ackWait, lease, lease)
+}
+
+// Count reads the slot records and the holders consumer's info (two
+// round trips, no token read): slots whose record names a live holder are
+// held, the rest of the permits available, and queued pulls are waiters.
+// The consumer's own ack-pending count is no help: a released token stays
+// in it until it is delivered again. A pull whose caller got its permit
+// through another pull is counted until it expires. See tokensem.Count for
+// what it cannot tell.
+//
+// Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
+// broker error.
+func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
+	if s.isClosed() {
+		return tokensem.Count{}, tokensem.ErrClosed
+	}
+	cfg, err := s.freshConfig(ctx)
+	if err != nil {
+		return tokensem.Count{}, err
+	}
+	slots, err := s.slots.readAll(ctx)
+	if err != nil {
+		return tokensem.Count{}, err
+	}
+	info, err := s.consumerInfo(ctx)
+	if err != nil {
+		return tokensem.Count{}, err
+	}
+	now := info.TimeStamp.Add(testhook.ServerClockAhead()) // as serverNow
+	held := 0
+	for idx, sl := range slots {
+		if idx < cfg.Permits && sl.live(now, cfg.Lease) {
+			held++
+		}
+	}
+	return tokensem.Count{Permits: cfg.Permits, Available: max(0, cfg.Permits-held), Held: held, Waiting: info.NumWaiting}, nil
 }

@@ -18,7 +18,10 @@ import (
 	"github.com/tokensem/tokensem/reconciler"
 )
 
-var _ tokensem.Semaphore = (*Semaphore)(nil)
+var (
+	_ tokensem.Semaphore = (*Semaphore)(nil)
+	_ tokensem.Counter   = (*Semaphore)(nil)
+)
 
 // Resource names of a semaphore called name.
 const (

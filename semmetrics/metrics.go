@@ -27,6 +27,9 @@ type Metrics struct {
 	tokens   *prometheus.GaugeVec
 	findings *prometheus.GaugeVec
 	repairs  *prometheus.CounterVec
+
+	usage       *prometheus.GaugeVec
+	utilization *prometheus.GaugeVec
 }
 
 var _ tokensem.Observer = (*Metrics)(nil)
@@ -113,9 +116,15 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconcile_repairs_total",
 			Help: "Reconciler repairs by action: removed (messages) or issued (tokens)."},
 			[]string{"semaphore", "action"}),
+
+		usage: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "semaphore_permits",
+			Help: "The semaphore's permits across all its clients, from the latest tokensem.Count, by state: available, held, waiting (callers blocked in Acquire)."},
+			[]string{"semaphore", "state"}),
+		utilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "semaphore_utilization",
+			Help: "Held permits over permits across all the semaphore's clients, from the latest tokensem.Count."}, sem),
 	}
 	for _, c := range []prometheus.Collector{m.permits, m.held, m.wait, m.acquisitions, m.holds,
-		m.renewals, m.lost, m.runs, m.tokens, m.findings, m.repairs} {
+		m.renewals, m.lost, m.runs, m.tokens, m.findings, m.repairs, m.usage, m.utilization} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("semmetrics: register: %w", err)
 		}
@@ -174,4 +183,18 @@ func (m *Metrics) ObserveReport(name string, r reconciler.Report, err error) {
 	m.findings.WithLabelValues(name, "invalid").Set(float64(r.Invalid))
 	m.repairs.WithLabelValues(name, "removed").Add(float64(r.Removed))
 	m.repairs.WithLabelValues(name, "issued").Add(float64(r.Issued))
+}
+
+// ObserveCount records a cheap reading of semaphore name's use by all its
+// clients (tokensem.Counter): available, held and waiting permits and the
+// utilization, held over permits. `seminit reconcile --watch` takes one
+// after every run.
+func (m *Metrics) ObserveCount(name string, c tokensem.Count) {
+	if c.Permits > 0 {
+		m.permits.WithLabelValues(name).Set(float64(c.Permits))
+		m.utilization.WithLabelValues(name).Set(float64(c.Held) / float64(c.Permits))
+	}
+	m.usage.WithLabelValues(name, "available").Set(float64(c.Available))
+	m.usage.WithLabelValues(name, "held").Set(float64(c.Held))
+	m.usage.WithLabelValues(name, "waiting").Set(float64(c.Waiting))
 }

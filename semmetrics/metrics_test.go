@@ -254,3 +254,43 @@ func TestAMQPMetrics(t *testing.T) {
 		t.Errorf("held after release = %v", got)
 	}
 }
+
+// TestCountMetrics: a Count of a semaphore with one of its 4 permits held
+// elsewhere shows as 3 available, 1 held, utilization 0.25.
+func TestCountMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "metrics-count"
+	sem, err := natssem.Init(bounded(t), connect(t), name, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	p, err := sem.Acquire(bounded(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(context.Background())
+	c, err := sem.Count(bounded(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ObserveCount(name, c)
+	for _, want := range []struct {
+		state string
+		v     float64
+	}{{"available", 3}, {"held", 1}, {"waiting", 0}} {
+		if got := testutil.ToFloat64(m.usage.WithLabelValues(name, want.state)); got != want.v {
+			t.Errorf("%s = %v, want %v", want.state, got, want.v)
+		}
+	}
+	if got := testutil.ToFloat64(m.utilization.WithLabelValues(name)); got != 0.25 {
+		t.Errorf("utilization = %v, want 0.25", got)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}

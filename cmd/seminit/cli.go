@@ -29,7 +29,7 @@ Usage:
                    [--server-name NAME --cluster-listen HOST:PORT --routes URL,...
                     [--cluster-name NAME]]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
-  seminit status   --name NAME
+  seminit status   --name NAME [--count]
   seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR]
                    [--conflict-exit-code N] -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]

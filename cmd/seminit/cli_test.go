@@ -233,6 +233,19 @@ func testInitStatus(t *testing.T, b broker) {
 		!strings.Contains(r.stdout, "tokens 3, available 3, held 0, waiting 0") {
 		t.Errorf("status: %v", r)
 	}
+	r = b.seminit(t, "status", "--name", name, "--count")
+	if r.code != exitOK || r.stdout != name+": 3 permits, available 3, held 0, waiting 0\n" {
+		t.Errorf("status --count: %v", r)
+	}
+	r = b.seminit(t, "status", "--name", name, "--count", "--json")
+	var count struct {
+		Name                              string
+		Permits, Available, Held, Waiting int
+	}
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &count) != nil ||
+		count.Name != name || count.Permits != 3 || count.Available != 3 || count.Held != 0 || count.Waiting != 0 {
+		t.Errorf("status --count --json: %v", r)
+	}
 }
 
 func TestExecExitStatus(t *testing.T) { forEachBroker(t, testExecExitStatus) }

@@ -25,7 +25,9 @@ func testReconcileWatchMetrics(t *testing.T, b broker) {
 	for {
 		body := scrape(t, "http://"+addr+"/metrics")
 		if strings.Contains(body, want) && strings.Contains(body, "go_goroutines") &&
-			strings.Contains(body, `tokensem_reconcile_tokens{semaphore="`+name+`"} 2`) {
+			strings.Contains(body, `tokensem_reconcile_tokens{semaphore="`+name+`"} 2`) &&
+			strings.Contains(body, `tokensem_semaphore_permits{semaphore="`+name+`",state="available"} 2`) &&
+			strings.Contains(body, `tokensem_semaphore_utilization{semaphore="`+name+`"} 0`) {
 			break
 		}
 		if p.exited() || time.Now().After(deadline) {

@@ -61,9 +61,17 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 			}
 			defer stop()
 		}
+		counter, _ := s.(tokensem.Counter)
 		err := reconciler.Watch(ctx, inv, *watch, *repair, func(r reconciler.Report, err error) {
 			if m != nil {
 				m.ObserveReport(*name, r, err)
+				if counter != nil {
+					cctx, cancel := context.WithTimeout(ctx, g.opTimeout())
+					if c, err := counter.Count(cctx); err == nil {
+						m.ObserveCount(*name, c)
+					}
+					cancel()
+				}
 			}
 			if err != nil {
 				fmt.Fprintf(e.stderr, "seminit reconcile: %v\n", err)

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/redact"
 )
 
 type statuser interface {
@@ -17,6 +19,7 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	var g globals
 	g.register(fs)
 	name := fs.String("name", "", "semaphore name")
+	count := fs.Bool("count", false, "print only the cheap count (available, held, waiting) from the broker's counters, without a census")
 	if err := parse(fs, args, false); err != nil {
 		return err
 	}
@@ -28,7 +31,33 @@ func runStatus(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer done()
+	if *count {
+		return printCount(ctx, e, &g, s, *name)
+	}
 	return printStatus(ctx, e, &g, s, "status")
+}
+
+// printCount prints a tokensem.Count of s.
+func printCount(ctx context.Context, e env, g *globals, s tokensem.Semaphore, name string) error {
+	counter, ok := s.(tokensem.Counter)
+	if !ok {
+		return usageErr{fmt.Errorf("--count is not available for %s", redact.URL(g.url))}
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.opTimeout())
+	defer cancel()
+	c, err := counter.Count(cctx)
+	if err != nil {
+		return classify(err)
+	}
+	if g.json {
+		e.printJSON(struct {
+			Name string `json:"name"`
+			tokensem.Count
+		}{name, c})
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "%s: %d permits, available %d, held %d, waiting %d\n", name, c.Permits, c.Available, c.Held, c.Waiting)
+	return nil
 }
 
 // openSemaphore connects to the broker and opens semaphore name, bounded by

@@ -40,6 +40,7 @@ func Run(t *testing.T, b Backend) {
 		{"ConcurrentResizeAndReconcile", testConcurrentAdmin},
 		{"Delete", testDelete},
 		{"DeleteRacingInit", testDeleteRacingInit},
+		{"Count", testCount},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
