@@ -95,7 +95,9 @@
 // a registry queue, and List reads it (see registry.go for how it stays
 // right under concurrent Init, List and Delete). Delete and ForceDelete
 // remove the semaphore's queues and its registry entries under its
-// creation lock.
+// creation lock, which Init takes too; Delete first takes every slot's
+// claim consumer itself, so that it refuses while a permit is held and no
+// permit can be taken while it removes the queues.
 //
 // # Connections, TLS and credentials
 //

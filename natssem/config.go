@@ -20,7 +20,7 @@ type config struct {
 	KeyCheck string        `json:"key_check,omitempty"`
 	// State is stateSeeding while the creator publishes the tokens,
 	// stateReady afterwards, and stateDeleting while Delete runs (see
-	// lifecycle.go); Open refuses a semaphore that is not ready.
+	// delete.go); Open refuses a semaphore that is not ready.
 	State   string `json:"state"`
 	Seeder  string `json:"seeder,omitempty"`
 	Created int64  `json:"created_unix_ms"`

@@ -90,10 +90,14 @@
 //
 // # Listing and deleting
 //
-// List reads the server's KV buckets; Delete and ForceDelete remove the
-// bucket, then the stream. A holder of a deleted semaphore learns it at its
-// next renewal (no responders, then the bucket is not found), a waiter
-// when its pull is refused.
+// List reads the server's KV buckets. Delete marks the configuration
+// "deleting" under the admin lock, refuses while a live holder holds a
+// slot, closes every slot record by compare-and-set so that no claim can
+// win meanwhile, then removes the stream and the bucket (see delete.go);
+// an Init of the name waits for it, then creates the semaphore afresh.
+// ForceDelete closes held slots too: a holder learns it at its next
+// renewal, and ForceDelete waits until its lease has run out. A waiter
+// learns it when its pull is refused.
 //
 // # Limits
 //

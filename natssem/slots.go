@@ -30,7 +30,7 @@ type record struct {
 	Token  string `json:"tok,omitempty"`
 	By     string `json:"by,omitempty"` // on a free record: the holder that released it
 	// Deleted marks a free slot that Delete closed: no claim takes it (see
-	// lifecycle.go). Clients before this field read it as free.
+	// delete.go). Clients before this field read it as free.
 	Deleted bool `json:"del,omitempty"`
 }
 
