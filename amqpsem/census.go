@@ -13,7 +13,7 @@ import (
 )
 
 // Status takes a census. RabbitMQ cannot show a queued message without
-// delivering it, so the census takes every ready token (see takeReady),
+// delivering it, so the census takes every ready token,
 // reads it, and requeues them all (they are unavailable for that instant,
 // and go to the back of the queue). Held tokens cannot be read at all; the
 // slots without a ready token are looked up in their claim queues (a holder

@@ -136,7 +136,7 @@ func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 // for the new slots; shrinking removes the ready tokens of slots >=
 // permits, while their holders keep their permits until they release
 // (their tokens are then retired by the next acquirer). Every client admits
-// by the new count within configTTL, so admission never exceeds max(old,
+// by the new count within 2 s, so admission never exceeds max(old,
 // new) and converges to the new count.
 //
 // Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped

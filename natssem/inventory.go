@@ -32,7 +32,8 @@ type Inventory struct {
 // Inventory returns the semaphore's inventory for the reconciler.
 func (s *Semaphore) Inventory() *Inventory { return &Inventory{s: s} }
 
-// Lock takes the semaphore's admin lock (see lock), which Resize takes to
+// Lock takes the semaphore's admin lock (a KV record renewed while held,
+// taken over 15 s after its holder stops renewing it), which Resize takes to
 // change the permit count, so a census reads one configuration throughout.
 // Issue is guarded besides by a compare-and-set of the slot record. A
 // semaphore being deleted (a Delete cut short holds no lock) is not

@@ -17,12 +17,12 @@ import (
 var _ tokensem.Permit = (*Permit)(nil)
 
 // Permit is a held permit of a NATS semaphore. Its own goroutine renews it
-// every renewEvery(lease): first a compare-and-set of the slot record
+// every third of the lease: first a compare-and-set of the slot record
 // (which proves nobody took the slot over), then an in-progress ack that
 // keeps the server from redelivering the token.
 //
-// The permit is held until deadline(sent) after the send time of its last
-// successful record write (lease minus lease/5). Another client can take
+// The permit is held until its Deadline: the send time of its last
+// successful record write plus the lease minus lease/5. Another client can take
 // the slot over only once the record is a whole lease old by the server's
 // clock, and the server stamps a write after it was sent, so Done closes
 // before anyone else can hold the slot.
