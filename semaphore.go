@@ -56,21 +56,21 @@ type Permit interface {
 // Status is a census of one semaphore.
 type Status struct {
 	Name      string        `json:"name"`
-	Backend   string        `json:"backend"`            // "nats" or "amqp"
-	Resource  string        `json:"resource"`           // what holds the tokens: the NATS stream or the RabbitMQ queue
-	Permits   int           `json:"permits"`            // configured N
-	Epoch     uint64        `json:"epoch"`              // current token generation
-	Lease     time.Duration `json:"lease_ns"`           // holders' lease
-	Tokens    int           `json:"tokens"`             // token messages present (valid or not)
-	Available int           `json:"available"`          // valid tokens not held
-	Held      int           `json:"held"`               // permits held now
-	Waiting   int           `json:"waiting"`            // callers blocked in Acquire
-	Duplicate []int         `json:"duplicates"`         // indices with more than one token
-	Missing   []int         `json:"missing"`            // indices in [0, N) with no token
-	Invalid   int           `json:"invalid"`            // junk, forged or retired tokens
-	Healthy   bool          `json:"healthy"`            // Tokens == Permits, nothing duplicated, missing or invalid
-	Holders   []Holder      `json:"holders,omitempty"`  // who holds what, when the backend can tell
-	Warnings  []string      `json:"warnings,omitempty"` // anything odd the census noticed
+	Backend   string        `json:"backend"`    // "nats" or "amqp"
+	Resource  string        `json:"resource"`   // what holds the tokens: the NATS stream or the RabbitMQ queue
+	Permits   int           `json:"permits"`    // configured N
+	Epoch     uint64        `json:"epoch"`      // current token generation
+	Lease     time.Duration `json:"lease_ns"`   // holders' lease
+	Tokens    int           `json:"tokens"`     // token messages present (valid or not)
+	Available int           `json:"available"`  // valid tokens not held
+	Held      int           `json:"held"`       // permits held now
+	Waiting   int           `json:"waiting"`    // callers blocked in Acquire
+	Duplicate []int         `json:"duplicates"` // indices with more than one token
+	Missing   []int         `json:"missing"`    // indices in [0, N) with no token
+	Invalid   int           `json:"invalid"`    // junk, forged or retired tokens
+	Healthy   bool          `json:"healthy"`    // Tokens == Permits, nothing duplicated, missing or invalid
+	Holders   []Holder      `json:"holders"`    // the held slots; who holds them when the backend can tell (NATS)
+	Warnings  []string      `json:"warnings"`   // anything odd the census noticed
 }
 
 // Count is a cheap reading of a semaphore's use from the broker's own

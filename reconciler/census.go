@@ -155,7 +155,7 @@ func Summarize(c Census) tokensem.Status {
 	st := tokensem.Status{
 		Permits: c.Permits, Epoch: c.Epoch, Tokens: len(c.Entries), Held: len(c.HeldSlots),
 		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
-		Healthy: f.Healthy(c),
+		Healthy: f.Healthy(c), Holders: []tokensem.Holder{}, Warnings: []string{},
 	}
 	if c.HeldUnseen {
 		st.Tokens += len(c.HeldSlots)

@@ -216,7 +216,7 @@ func testInitStatus(t *testing.T, b broker) {
 			t.Errorf("status --json has no %q: %v", field, raw)
 		}
 	}
-	for _, field := range []string{"duplicates", "missing"} {
+	for _, field := range []string{"duplicates", "missing", "holders", "warnings"} {
 		if _, ok := raw[field].([]any); !ok {
 			t.Errorf("status --json %q = %#v, want a JSON list", field, raw[field])
 		}
