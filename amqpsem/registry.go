@@ -344,8 +344,14 @@ func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), er
 			// delete of it is still going on fails with 541 and closes the
 			// connection (seen on 3.10.8 with semgroup's idle expiry
 			// deleting a semaphore another replica creates again); the
-			// connection is made again and the declare retried.
-			s.log.Debug("the lock queue is being deleted; retrying", "queue", q, "err", err)
+			// connection is made again and the declare retried, after a
+			// pause long enough for the delete to end (every 541 costs the
+			// permits held on this connection).
+			s.log.Warn("the lock queue was being deleted as it was declared (541; the connection was closed); retrying", "queue", q)
+			if err := backoff.Sleep(ctx, 500*time.Millisecond); err != nil {
+				local.Unlock()
+				return nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
+			}
 		default:
 			local.Unlock()
 			return nil, wrapBrokerErr("taking the lock "+q, err)

@@ -310,9 +310,16 @@ func (r *run) stopAll() {
 		select {
 		case <-w.done:
 		case <-time.After(30 * time.Second):
-			_ = w.cmd.Process.Kill()
-			<-w.done
-			r.t.Errorf("worker %d did not stop on SIGTERM:\n%s", w.id, w.out.String())
+			// SIGQUIT makes the Go runtime print every goroutine's stack
+			// and exit: the output then shows where the worker hung.
+			_ = w.cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-w.done:
+			case <-time.After(5 * time.Second):
+				_ = w.cmd.Process.Kill()
+				<-w.done
+			}
+			r.t.Errorf("worker %d did not stop on SIGTERM (its goroutines at SIGQUIT follow):\n%s", w.id, w.out.String())
 		}
 	}
 }

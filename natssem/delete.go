@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Deleting a semaphore must neither strand a holder that does not know it
@@ -23,14 +24,23 @@ import (
 //     the delete of a deleter that died, once its lock expires);
 //  3. it refuses (tokensem.ErrHeld) if a live holder holds a slot, putting
 //     the configuration back; otherwise it closes every slot record by
-//     compare-and-set (record.Deleted), so that no claim can win any more.
-//     A claim that won first moved the record's revision, and the slot is
-//     looked at again. ForceDelete closes held slots too (their holders'
-//     renewals fail: they lose their permits) and waits until their lease
-//     has run out by the server's clock, so that nobody who held a permit
-//     of the old semaphore can still act on it once an Init makes a new one;
+//     compare-and-set (record.Deleted), so that no claim can win any more:
+//     the slots of the configuration, of every record and of every token
+//     in the stream (a client whose configuration predates a shrink may
+//     claim above the permit count). A claim that won first moved the
+//     record's revision, and the slot is looked at again. ForceDelete
+//     closes held slots too (their holders' renewals fail: they lose their
+//     permits) and waits a lease from the close by the server's clock, so
+//     that nobody who held a permit of the old semaphore can still act on
+//     it once an Init makes a new one. A closed record keeps its holder's
+//     name, so a delete that resumes one cut short waits for (or, without
+//     force, refuses on) the same holders;
 //  4. it deletes the token stream, then the bucket.
-// A holder therefore either makes Delete refuse, or never got its permit.
+// A failure before step 4 puts the semaphore back (reopen): its records
+// reopen still naming their holders, who keep their slots until a lease
+// of silence. A holder therefore either makes Delete refuse, or never got
+// its permit, or (ForceDelete) has learned of its loss before any new
+// semaphore of the name exists.
 
 // Delete removes semaphore name: its token stream and its KV bucket
 // (configuration and slot records). While any permit is held it returns an
@@ -51,9 +61,10 @@ func Delete(ctx context.Context, nc *nats.Conn, name string) error {
 // ForceDelete removes semaphore name as Delete does, held permits or not.
 // Every holder learns of it at its next renewal (Done closes with an error
 // wrapping tokensem.ErrLeaseLost), within a third of the lease, and
-// ForceDelete returns only once their lease has run out (by the server's
-// clock): at most one lease. Waiters in Acquire return
-// tokensem.ErrNotInitialized.
+// ForceDelete returns only a lease after it closed their slots (by the
+// server's clock): give it a context that outlasts the lease. If ctx ends
+// first, the semaphore is put back and its holders keep their slots.
+// Waiters in Acquire return tokensem.ErrNotInitialized.
 func ForceDelete(ctx context.Context, nc *nats.Conn, name string) error {
 	return deleteSemaphore(ctx, nc, name, true)
 }
@@ -93,17 +104,28 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		return err
 	}
 	defer h.unlock()
+	return s.deleteLocked(ctx, h, force, removed)
+}
+
+// deleteLocked is delete under the admin lock h. A failure before the
+// stream goes puts the semaphore back (reopen), so that a delete cut short
+// does not leave it refusing every claim; a later delete starts over.
+func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, removed *bool) (err error) {
 	cfg, err := s.markDeleting(ctx)
 	if err != nil {
 		return err
 	}
-	wait, err := s.closeSlots(ctx, cfg, force)
-	if errors.Is(err, tokensem.ErrHeld) {
-		if rerr := s.reopen(ctx); rerr != nil {
-			return rerr // a retry refuses again, and reopens again
+	defer func() {
+		if err != nil && !*removed {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if rerr := s.reopen(rctx); rerr != nil {
+				s.log.Warn("a delete that failed could not put the semaphore back; run Delete again", "err", rerr)
+				err = errors.Join(err, rerr)
+			}
 		}
-		return err
-	}
+	}()
+	wait, err := s.closeSlots(ctx, cfg, force)
 	if err != nil {
 		return err
 	}
@@ -113,11 +135,14 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 			return err
 		}
 	}
+	if err := h.held(); err != nil {
+		return err
+	}
 	*removed = true // from here on, what a later try does not find is gone
 	if err := s.deleteStream(ctx, false); err != nil {
 		return err
 	}
-	rctx, cancel = s.rtt(ctx)
+	rctx, cancel := s.rtt(ctx)
 	err = s.js.DeleteKeyValue(rctx, BucketName(s.name))
 	cancel()
 	if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -165,10 +190,17 @@ func (s *Semaphore) markDeleting(ctx context.Context) (config, error) {
 }
 
 // closeSlots closes every slot record (see the top of this file) and
-// returns how long the leases of the holders it took the slots of (force)
-// still run by the server's clock. Without force a live holder makes it
-// return an error wrapping tokensem.ErrHeld, having closed nothing if the
-// holder was there from the start.
+// returns how long the leases of live holders' records still run by the
+// server's clock. A closed record keeps its holder: while it is a lease
+// old or less it counts as live, so a delete that resumes a ForceDelete
+// cut short waits for the same holders (or, without force, refuses), and
+// a reopened slot is taken over only after a lease of silence. Without
+// force a live holder makes it return an error wrapping tokensem.ErrHeld,
+// having closed nothing if the holder was there from the start.
+//
+// The slots closed are those of the configuration, of every record, and of
+// every token in the stream: a client whose cached configuration predates
+// a shrink may still claim a slot above the permit count.
 func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool) (time.Duration, error) {
 	slots, err := s.slots.readAll(ctx)
 	if err != nil {
@@ -193,19 +225,39 @@ func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool) (tim
 		slices.Sort(held)
 		return 0, heldError(s.name, held, cfg.Lease)
 	}
-	var until time.Time // when the last lease of a holder we took a slot from runs out
+	msgs, err := s.scanTokens(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, m := range msgs {
+		e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, m.Data)
+		if (e.Valid || e.Reason == "retired") && e.Token.Semaphore == s.name && e.Token.Index < tokensem.MaxPermits {
+			n = max(n, e.Token.Index+1)
+		}
+	}
+	var until time.Time // when the last lease of a live holder's record runs out
 	for idx := range n {
 		sl := slots[idx] // zero: never written, revision 0
-		for !sl.rec.Deleted {
+		for {
 			if sl.live(now, cfg.Lease) {
 				if !force {
 					return 0, heldError(s.name, []int{idx}, cfg.Lease)
 				}
 				until = later(until, sl.written.Add(cfg.Lease))
 			}
-			closed := record{Seq: sl.rec.Seq, Token: sl.rec.Token, Deleted: true}
-			_, err := s.slots.cas(ctx, idx, closed, sl.rev, 0)
+			if sl.rec.Deleted {
+				break
+			}
+			closed := sl.rec
+			closed.Deleted = true
+			newRev, err := s.slots.cas(ctx, idx, closed, sl.rev, 0)
 			if err == nil {
+				if !closed.free() {
+					// Live or not, the holder's record now dates from this
+					// write: wait a lease from it.
+					sl = slotEntry{rec: closed, rev: newRev, written: now}
+					until = later(until, now.Add(cfg.Lease))
+				}
 				break
 			}
 			if !errors.Is(err, errConflict) {
@@ -237,8 +289,9 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// reopen undoes a refused delete: it reopens the closed slot records, then
-// puts the configuration's state back (a placeholder goes).
+// reopen undoes a refused or failed delete: it reopens the closed slot
+// records (a record that names a holder stays its until a lease of
+// silence), then puts the configuration's state back (a placeholder goes).
 func (s *Semaphore) reopen(ctx context.Context) error {
 	slots, err := s.slots.readAll(ctx)
 	if err != nil {
@@ -283,13 +336,31 @@ func (s *Semaphore) reopen(ctx context.Context) error {
 }
 
 // awaitDelete waits for a delete that marked the configuration to end (by
-// taking the admin lock its deleter holds), and finishes it if its deleter
-// died; a delete that finds a holder is undone instead. Init calls it.
+// taking the admin lock its deleter holds). If the configuration is still
+// marked once the lock is ours, its deleter died: the delete is finished,
+// or undone if a holder turns up. Init calls it, and then starts over.
 func (s *Semaphore) awaitDelete(ctx context.Context) error {
 	s.log.Info("the semaphore is being deleted; waiting for that to end")
+	h, err := s.takeLock(ctx)
+	if errors.Is(err, tokensem.ErrNotInitialized) {
+		return nil // deleted
+	}
+	if err != nil {
+		return err
+	}
+	defer h.unlock()
+	cfg, _, err := s.readConfig(ctx)
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		return nil
+	case err != nil:
+		return err
+	case cfg.State != stateDeleting:
+		return nil // refused, and put back
+	}
 	removed := false
-	err := s.delete(ctx, false, &removed)
-	if errors.Is(err, tokensem.ErrHeld) || errors.Is(err, tokensem.ErrNotInitialized) {
+	err = s.deleteLocked(ctx, h, false, &removed)
+	if errors.Is(err, tokensem.ErrHeld) {
 		return nil
 	}
 	return err

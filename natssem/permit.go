@@ -160,13 +160,15 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 			return errors.Join(err, rerr)
 		}
 		switch {
+		case got.rec.Deleted:
+			// Closed by a Delete (it keeps the holder's name, so this
+			// comes first): writing over it would reopen the slot.
+			return fmt.Errorf("%w (ForceDelete closed its slot)", errDeleted)
 		case rec.free() && got.rec.free() && got.rec.By == p.d.holder:
 			p.setRev(got.rev)
 			return nil
 		case got.rec.Holder == p.d.holder:
 			p.setRev(got.rev)
-		case got.rec.Deleted:
-			return fmt.Errorf("%w (ForceDelete closed its slot)", errDeleted)
 		default:
 			return fmt.Errorf("%w: record now held by %q at revision %d", errTakenOver, got.rec.Owner, got.rev)
 		}

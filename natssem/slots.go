@@ -29,8 +29,9 @@ type record struct {
 	Seq    uint64 `json:"seq"`         // stream sequence of the held (or last held) token
 	Token  string `json:"tok,omitempty"`
 	By     string `json:"by,omitempty"` // on a free record: the holder that released it
-	// Deleted marks a free slot that Delete closed: no claim takes it (see
-	// delete.go). Clients before this field read it as free.
+	// Deleted marks a slot that Delete closed: no claim takes it, and a
+	// holder's renewal fails on it (see delete.go). The record keeps its
+	// holder, if any. Clients before this field read it as it was.
 	Deleted bool `json:"del,omitempty"`
 }
 

@@ -27,8 +27,12 @@ func (g *Group) expireIdle() {
 			return
 		case <-t.C:
 		}
-		for _, x := range g.takeIdle(time.Now()) {
-			g.expire(x)
+		// One key at a time, each taken out of the cache only as its
+		// delete starts: a use of another idle key meanwhile keeps it.
+		for _, key := range g.idleKeys(time.Now()) {
+			if x, ok := g.takeIdle(key, time.Now()); ok {
+				g.expire(x)
+			}
 		}
 	}
 }
@@ -41,42 +45,59 @@ type idleKey struct {
 	done      chan struct{} // closed when the delete is over
 }
 
-// takeIdle removes the keys idle since before now minus the expiry from
-// the cache and marks them expiring: a use of one of them waits until its
-// delete is over.
-func (g *Group) takeIdle(now time.Time) []idleKey {
+// idleKeys returns the keys idle since before now minus the expiry.
+func (g *Group) idleKeys(now time.Time) []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
-		return nil
-	}
-	var out []idleKey
-	mark := func(key, name string, sem tokensem.Semaphore) {
-		done := make(chan struct{})
-		g.expiring[key] = done
-		out = append(out, idleKey{key: key, name: name, sem: sem, done: done})
-	}
+	var out []string
 	for key, e := range g.entries {
-		if e.refs > 0 || e.sem == nil || e.closed || now.Sub(e.lastUsed) < g.opts.idleExpiry {
-			continue
+		if g.idleLocked(e, now) {
+			out = append(out, key)
+		}
+	}
+	for key, since := range g.idleSince {
+		if now.Sub(since) >= g.opts.idleExpiry {
+			out = append(out, key)
+		}
+	}
+	return out
+}
+
+func (g *Group) idleLocked(e *entry, now time.Time) bool {
+	return e.refs == 0 && e.sem != nil && !e.closed && now.Sub(e.lastUsed) >= g.opts.idleExpiry
+}
+
+// takeIdle removes key from the cache if it is still idle at now and marks
+// it expiring: a use of it waits until its delete is over.
+func (g *Group) takeIdle(key string, now time.Time) (idleKey, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed || g.expiring[key] != nil {
+		return idleKey{}, false
+	}
+	x := idleKey{key: key, done: make(chan struct{})}
+	if e := g.entries[key]; e != nil {
+		if !g.idleLocked(e, now) {
+			return idleKey{}, false
 		}
 		delete(g.entries, key)
 		g.lru.Remove(e.elem)
 		e.elem, e.closed = nil, true
-		mark(key, e.name, e.sem)
-	}
-	for key, since := range g.idleSince {
-		if now.Sub(since) < g.opts.idleExpiry {
-			continue
+		x.name, x.sem = e.name, e.sem
+	} else {
+		since, ok := g.idleSince[key]
+		if !ok || now.Sub(since) < g.opts.idleExpiry {
+			return idleKey{}, false
 		}
 		delete(g.idleSince, key)
 		name, err := g.Name(key)
 		if err != nil {
-			continue // cannot happen: the key was opened
+			return idleKey{}, false // cannot happen: the key was opened
 		}
-		mark(key, name, nil)
+		x.name = name
 	}
-	return out
+	g.expiring[key] = x.done
+	return x, true
 }
 
 // expire closes x's semaphore and deletes it from the broker, unless a
