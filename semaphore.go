@@ -74,8 +74,8 @@ type Status struct {
 }
 
 // Count is a cheap reading of a semaphore's use from the broker's own
-// counters, in one round trip: no token is read or moved, unlike the
-// census behind Status. It is an estimate — a token being claimed or
+// counters and records, in one or two round trips: no token is read or
+// moved, unlike the census behind Status. It is an estimate — a token being claimed or
 // handed on counts as held for that moment, and duplicate or missing
 // tokens are not told apart — which a metrics scrape or an autoscaler can
 // afford to take often. Status is exact.

@@ -135,8 +135,9 @@ type DeleteFunc func(ctx context.Context, name string) error
 // the next use and idle period. A replica whose cached semaphore was
 // deleted meanwhile finds out on its next call (tokensem.ErrNotInitialized
 // from the broker), opens the key again — the InitFunc creates it, after
-// waiting for a delete in progress — and retries, so its callers see no
-// error; the InitFunc must therefore create (Init), not just open. A use
+// waiting for a delete in progress — and retries (twice at most), so its
+// callers see no error unless the key is deleted again and again under
+// them; the InitFunc must therefore create (Init), not just open. A use
 // of the key in this Group while its delete runs waits for the delete to
 // end. Close stops the expiry; keys idle at Close are left on the broker.
 //
