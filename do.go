@@ -19,10 +19,11 @@ type DoOption func(*doOptions) error
 type doOptions struct {
 	wait     time.Duration // budget for the acquire; < 0: only ctx bounds it
 	fallback func(ctx context.Context, err error) error
+	weight   int
 }
 
 func newDoOptions(opts []DoOption) (doOptions, error) {
-	o := doOptions{wait: -1}
+	o := doOptions{wait: -1, weight: 1}
 	for _, opt := range opts {
 		if opt == nil {
 			continue
@@ -64,6 +65,20 @@ func WithFallback(fallback func(ctx context.Context, err error) error) DoOption 
 			return fmt.Errorf("%w: nil fallback", ErrInvalidOption)
 		}
 		o.fallback = fallback
+		return nil
+	}
+}
+
+// WithWeight makes Do hold k permits of its semaphore at once, all or
+// nothing (see Weighted), for the whole of fn. The semaphore must be a
+// Weighted one (natssem and amqpsem semaphores are). Default 1. k must be
+// at least 1.
+func WithWeight(k int) DoOption {
+	return func(o *doOptions) error {
+		if k < 1 {
+			return fmt.Errorf("%w: weight %d (want at least 1)", ErrInvalidOption, k)
+		}
+		o.weight = k
 		return nil
 	}
 }
@@ -137,20 +152,45 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error, op
 	}
 }
 
-// acquire takes a permit within the wait budget.
-func (o doOptions) acquire(ctx context.Context, s Semaphore) (Permit, error) {
+// hold is what Do holds: a Permit, or a PermitSet under WithWeight.
+type hold interface {
+	Done() <-chan struct{}
+	Err() error
+	Release(ctx context.Context) error
+}
+
+// asHold keeps a nil *PermitSet from becoming a non-nil hold.
+func asHold(ps *PermitSet, err error) (hold, error) {
+	if err != nil {
+		return nil, err
+	}
+	return ps, nil
+}
+
+// acquire takes a permit (or o.weight of them) within the wait budget.
+func (o doOptions) acquire(ctx context.Context, s Semaphore) (hold, error) {
+	take, try := func(ctx context.Context) (hold, error) { return s.Acquire(ctx) },
+		func(ctx context.Context) (hold, error) { return s.TryAcquire(ctx) }
+	if o.weight > 1 {
+		w, ok := s.(Weighted)
+		if !ok {
+			return nil, fmt.Errorf("%w: WithWeight(%d) on a %T, which is not a tokensem.Weighted", ErrInvalidOption, o.weight, s)
+		}
+		take = func(ctx context.Context) (hold, error) { return asHold(w.AcquireN(ctx, o.weight)) }
+		try = func(ctx context.Context) (hold, error) { return asHold(w.TryAcquireN(ctx, o.weight)) }
+	}
 	switch {
 	case o.wait < 0:
-		return s.Acquire(ctx)
+		return take(ctx)
 	case o.wait == 0:
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		return s.TryAcquire(ctx)
+		return try(ctx)
 	}
 	actx, cancel := context.WithTimeoutCause(ctx, o.wait, errBudget)
 	defer cancel()
-	p, err := s.Acquire(actx)
+	p, err := take(actx)
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errBudget) &&
 		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errBudget)) {
 		return nil, fmt.Errorf("%w within %v", ErrNoPermit, o.wait)

@@ -58,6 +58,15 @@ var (
 	// ErrTooManyWaiters is returned by Acquire when the broker refuses another
 	// waiting caller (the waiter limit set when the semaphore was created).
 	ErrTooManyWaiters = errors.New("tokensem: too many waiters")
+	// ErrWeightExceedsPermits is returned by AcquireN and TryAcquireN when
+	// more permits are asked for than the semaphore has (or has left after
+	// a resize shrank it while the caller waited).
+	ErrWeightExceedsPermits = errors.New("tokensem: weight exceeds the semaphore's permits")
+	// ErrAmbiguousOrder is returned by AcquireAll when two of the semaphores
+	// it is given cannot be put in one order every process agrees on: the
+	// same semaphore twice, or two with the same name on the same kind of
+	// broker.
+	ErrAmbiguousOrder = errors.New("tokensem: semaphores cannot be ordered")
 )
 
 // PermitMismatchError is the error Init returns when the semaphore exists

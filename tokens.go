@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/tokensem/tokensem/internal/ids"
 )
@@ -169,7 +170,7 @@ func (c Codec) Decode(b []byte) (Token, error) {
 }
 
 func (t Token) validate() error {
-	if err := ValidateName(t.Semaphore); err != nil {
+	if err := ValidateName(strings.TrimPrefix(t.Semaphore, gatePrefix)); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidToken, err)
 	}
 	if t.Index < 0 || t.Index >= MaxPermits {
