@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/weighted"
 )
 
 // errDeleted is the cause of the loss of a permit whose semaphore was
@@ -47,6 +48,22 @@ func deleteSemaphore(ctx context.Context, c *Conn, name string, force bool) erro
 	if err := tokensem.ValidateName(name); err != nil {
 		return err
 	}
+	err := deleteNamed(ctx, c, name, force)
+	if err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
+		return err
+	}
+	// The gate of weighted callers goes too (it may outlive a delete cut
+	// short, so it is looked for even when the semaphore is gone). Its
+	// holder, if any, is gathering permits that no longer exist.
+	if gerr := deleteNamed(ctx, c, weighted.GateName(name), true); gerr != nil && !errors.Is(gerr, tokensem.ErrNotInitialized) {
+		return fmt.Errorf("%s deleted, but not its gate: %w", name, gerr)
+	}
+	return err
+}
+
+// deleteNamed is Delete (force false) or ForceDelete of a name already
+// checked.
+func deleteNamed(ctx context.Context, c *Conn, name string, force bool) error {
 	s, err := newSemaphore(c, name, nil)
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/weighted"
 )
 
 // The registry is how List finds semaphores: AMQP cannot list queues. It
@@ -58,6 +59,9 @@ type registryEntry struct {
 
 // register adds an entry for the semaphore to the registry.
 func (s *Semaphore) register(ctx context.Context, version string) error {
+	if weighted.IsGate(s.name) {
+		return nil // found through its semaphore, never listed
+	}
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return err
@@ -186,6 +190,9 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 
 // unregister removes every registry entry of the semaphore.
 func (s *Semaphore) unregister(ctx context.Context) error {
+	if weighted.IsGate(s.name) {
+		return nil
+	}
 	return s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
 		var drop []registered
 		for _, e := range entries {

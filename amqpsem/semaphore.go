@@ -31,6 +31,9 @@ type Semaphore struct {
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
 
+	gateMu  sync.Mutex
+	gateSem *Semaphore // see gate; nil until the first AcquireN of k > 1
+
 	mu     sync.Mutex
 	held   map[int]bool // slots this process holds
 	claims map[int]bool // claim queues known to exist
@@ -58,6 +61,13 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 	if err != nil {
 		return nil, err
 	}
+	return s.init(ctx, permits)
+}
+
+// init is Init with a name and permit count already checked (or, for a
+// gate, made by the library).
+func (s *Semaphore) init(ctx context.Context, permits int) (*Semaphore, error) {
+	name := s.name
 	unlock, err := s.lock(ctx)
 	if err != nil {
 		return nil, err
@@ -201,11 +211,15 @@ func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newSemaphoreWith(c, name, o), nil
+}
+
+func newSemaphoreWith(c *Conn, name string, o options) *Semaphore {
 	return &Semaphore{
 		c: c, name: name, opts: o, codec: tokensem.NewCodec(o.Key),
 		log: o.Logger.With("semaphore", name), held: make(map[int]bool), claims: make(map[int]bool),
 		done: make(chan struct{}),
-	}, nil
+	}
 }
 
 func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -229,6 +243,7 @@ func (s *Semaphore) config() config { return s.cfg.Get() }
 // blocked in Acquire (they return ErrClosed). Held permits stay valid until
 // released or lost. The Conn belongs to the caller and stays open.
 func (s *Semaphore) Close() error {
+	defer s.closeGate()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {

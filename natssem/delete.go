@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/weighted"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -73,6 +74,22 @@ func deleteSemaphore(ctx context.Context, nc *nats.Conn, name string, force bool
 	if err := tokensem.ValidateName(name); err != nil {
 		return err
 	}
+	err := deleteNamed(ctx, nc, name, force)
+	if err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
+		return err
+	}
+	// The gate of weighted callers goes too (it may outlive a delete cut
+	// short, so it is looked for even when the semaphore is gone). Its
+	// holder, if any, is gathering permits that no longer exist.
+	if gerr := deleteNamed(ctx, nc, weighted.GateName(name), true); gerr != nil && !errors.Is(gerr, tokensem.ErrNotInitialized) {
+		return fmt.Errorf("%s deleted, but not its gate: %w", name, gerr)
+	}
+	return err
+}
+
+// deleteNamed is Delete (force false) or ForceDelete of a name already
+// checked.
+func deleteNamed(ctx context.Context, nc *nats.Conn, name string, force bool) error {
 	s, err := newSemaphore(nc, name, mustOptions())
 	if err != nil {
 		return err

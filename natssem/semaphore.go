@@ -60,6 +60,9 @@ type Semaphore struct {
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
 
+	gateMu  sync.Mutex
+	gateSem *Semaphore // see gate; nil until the first AcquireN of k > 1
+
 	mu     sync.Mutex
 	idle   []*waiter // inboxes with no pull pending, for reuse
 	closed bool
@@ -89,6 +92,12 @@ func Init(ctx context.Context, nc *nats.Conn, name string, permits int, opts ...
 	if err != nil {
 		return nil, err
 	}
+	return initSemaphore(ctx, nc, name, permits, o)
+}
+
+// initSemaphore is Init with a name and permit count already checked (or,
+// for a gate, made by the library).
+func initSemaphore(ctx context.Context, nc *nats.Conn, name string, permits int, o options) (*Semaphore, error) {
 	if err := o.checkRequestTimeout(o.Lease); err != nil {
 		return nil, err
 	}
@@ -371,6 +380,7 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 // blocked in Acquire (they return ErrClosed). Held permits stay valid until
 // released or lost. The NATS connection belongs to the caller and stays open.
 func (s *Semaphore) Close() error {
+	defer s.closeGate()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {

@@ -41,6 +41,13 @@ func Run(t *testing.T, b Backend) {
 		{"Delete", testDelete},
 		{"DeleteRacingInit", testDeleteRacingInit},
 		{"Count", testCount},
+		{"WeightedBasics", testWeightedBasics},
+		{"WeightedCancel", testWeightedCancel},
+		{"WeightedMixed", testWeightedMixed},
+		{"WeightedNoDeadlock", testWeightedNoDeadlock},
+		{"WeightedNoStarvation", testWeightedNoStarvation},
+		{"WeightedLoss", testWeightedLoss},
+		{"AcquireAll", testAcquireAll},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })

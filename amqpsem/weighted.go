@@ -1,0 +1,76 @@
+package amqpsem
+
+import (
+	"context"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/weighted"
+)
+
+var _ tokensem.Weighted = (*Semaphore)(nil)
+
+// AcquireN blocks until it holds k permits, all or nothing, or ctx ends;
+// see tokensem.Weighted for how weighted callers take turns without
+// deadlock or starvation. Callers of k > 1 queue for the semaphore's gate,
+// a one-permit semaphore beside it (queue tokensem._gate_NAME), which the
+// first such call creates with the same key and queue type.
+//
+// Errors: those of Acquire, tokensem.ErrInvalidPermits (k < 1) and
+// tokensem.ErrWeightExceedsPermits (k above the permits).
+func (s *Semaphore) AcquireN(ctx context.Context, k int) (*tokensem.PermitSet, error) {
+	return weighted.Acquire(ctx, s.weightedSource(), k)
+}
+
+// TryAcquireN takes k free permits now, or none: it returns
+// tokensem.ErrNoPermit at once when fewer are free or another caller is
+// gathering permits. Other errors are those of AcquireN.
+func (s *Semaphore) TryAcquireN(ctx context.Context, k int) (*tokensem.PermitSet, error) {
+	return weighted.TryAcquire(ctx, s.weightedSource(), k)
+}
+
+func (s *Semaphore) weightedSource() weighted.Source {
+	return weighted.Source{
+		Sem:  s,
+		Gate: s.gate,
+		Permits: func(ctx context.Context) (int, error) {
+			cfg, err := s.freshConfig(ctx)
+			return cfg.Permits, err
+		},
+	}
+}
+
+// gate returns the gate of the semaphore, creating it (Init) on first use.
+func (s *Semaphore) gate(ctx context.Context) (tokensem.Semaphore, error) {
+	s.gateMu.Lock()
+	defer s.gateMu.Unlock()
+	if s.gateSem != nil {
+		return s.gateSem, nil
+	}
+	if s.isClosed() {
+		return nil, tokensem.ErrClosed
+	}
+	o := s.opts
+	o.Observer = nil // the gate's permits are not the semaphore's
+	if qt := s.config().QueueType; qt != "" {
+		o.queueType = qt
+	}
+	g, err := newSemaphoreWith(s.c, weighted.GateName(s.name), o).init(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	if s.isClosed() {
+		_ = g.Close()
+		return nil, tokensem.ErrClosed
+	}
+	s.gateSem = g
+	return g, nil
+}
+
+// closeGate closes the gate, if one was opened.
+func (s *Semaphore) closeGate() {
+	s.gateMu.Lock()
+	defer s.gateMu.Unlock()
+	if s.gateSem != nil {
+		_ = s.gateSem.Close()
+	}
+}
