@@ -30,8 +30,8 @@ Usage:
                     [--cluster-name NAME]]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME [--count]
-  seminit exec     --name NAME [--wait DUR] [--max-hold DUR] [--kill-after DUR]
-                   [--conflict-exit-code N] -- CMD [ARGS...]
+  seminit exec     --name NAME [--name NAME...] [--weight K] [--wait DUR] [--max-hold DUR]
+                   [--kill-after DUR] [--conflict-exit-code N] -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
   seminit list
@@ -89,9 +89,12 @@ or too many callers waiting already, or delete: a permit is held (nothing
 changed; --force deletes anyway and every holder's exec exits 70), 77 credentials
 refused, 78 not initialized or permit-count/lease/key mismatch, 124 exec: --max-hold
 ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
-exits with the command's status. The command's environment carries
-TOKENSEM_NAME, TOKENSEM_SLOT (the token index) and TOKENSEM_FENCE (the fencing
-number, to hand to the protected resource).
+exits with the command's status; --weight above the semaphore's permits exits
+64. The command's environment carries TOKENSEM_NAME, TOKENSEM_SLOT (the token
+index) and TOKENSEM_FENCE (the fencing number, to hand to the protected
+resource) of its first permit, and TOKENSEM_NAMES, TOKENSEM_SLOTS and
+TOKENSEM_FENCES of all of them (--weight K: K entries; --name given more than
+once: one per semaphore, in the order given), comma-separated, in one order.
 `
 
 // globals are the flags every broker verb shares.

@@ -24,7 +24,9 @@ func runExec(ctx context.Context, e env, args []string) error {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	var g globals
 	g.register(fs)
-	name := fs.String("name", "", "semaphore name")
+	var names nameList
+	fs.Var(&names, "name", "semaphore name; give it more than once to hold one permit of each (taken in one order, whatever order they are given in)")
+	weight := fs.Int("weight", 1, "hold K permits of the semaphore at once, all or nothing")
 	wait := fs.Duration("wait", 0, "give up (exit 75) if no permit comes within DUR; 0 tries once, as flock -w 0 (default: wait indefinitely)")
 	hold := fs.Duration("max-hold", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
 	lease := fs.Duration("lease", 0, "the lease you expect; the semaphore's stored lease (set by init) governs, and a different value is reported")
@@ -33,12 +35,23 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if err := parse(fs, args, true); err != nil {
 		return err
 	}
-	if err := requireName(*name); err != nil {
-		return err
+	if len(names) == 0 {
+		return requireName("")
+	}
+	for _, n := range names {
+		if err := requireName(n); err != nil {
+			return err
+		}
 	}
 	argv := fs.Args()
 	if len(argv) == 0 {
 		return usageErr{errors.New("no command given (seminit exec --name NAME -- CMD [ARGS...])")}
+	}
+	if *weight < 1 {
+		return usageErr{fmt.Errorf("--weight %d: want at least 1", *weight)}
+	}
+	if *weight > 1 && len(names) > 1 {
+		return usageErr{errors.New("--weight above 1 takes one --name")}
 	}
 	if *wait < 0 || *hold < 0 || *lease < 0 || *killAfter <= 0 {
 		return usageErr{errors.New("--wait, --lease and --max-hold must not be negative, --kill-after must be positive")}
@@ -46,27 +59,33 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if *conflict < 0 || *conflict > 255 {
 		return usageErr{fmt.Errorf("--conflict-exit-code %d is not an exit code (0..255)", *conflict)}
 	}
-	s, done, err := openSemaphore(ctx, &g, *name)
+	sems, done, err := openSemaphores(ctx, &g, names)
 	if err != nil {
 		return err
 	}
 	defer done()
-	if l, ok := s.(interface{ Lease() time.Duration }); ok && *lease != 0 && l.Lease() != *lease {
-		fmt.Fprintf(e.stderr, "seminit exec: %s has a lease of %v (set by init); --lease %v does not change it\n", *name, l.Lease(), *lease)
+	for i, s := range sems {
+		if l, ok := s.(interface{ Lease() time.Duration }); ok && *lease != 0 && l.Lease() != *lease {
+			fmt.Fprintf(e.stderr, "seminit exec: %s has a lease of %v (set by init); --lease %v does not change it\n", names[i], l.Lease(), *lease)
+		}
 	}
 
-	var p tokensem.Permit
+	var p *tokensem.PermitSet
 	waited := false // the wait, not a broker request, ran out
+	what := names.String()
+	if *weight > 1 {
+		what = fmt.Sprintf("%d permits of %s", *weight, what)
+	}
 	if isSet(fs, "wait") && *wait == 0 {
 		// Try once: the broker round trips are bounded by the request
 		// timeout, not by a wait.
-		p, err = s.TryAcquire(ctx)
+		p, err = take(ctx, sems, *weight, true)
 	} else {
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if *wait > 0 {
 			actx, cancel = context.WithTimeout(ctx, *wait)
 		}
-		p, err = s.Acquire(actx)
+		p, err = take(actx, sems, *weight, false)
 		waited = actx.Err() != nil
 		cancel()
 	}
@@ -74,10 +93,12 @@ func runExec(ctx context.Context, e env, args []string) error {
 	case err == nil:
 	case ctx.Err() != nil:
 		return exitCodeErr{code: signalExit(ctx), err: errors.New("interrupted while waiting for a permit")}
+	case errors.Is(err, tokensem.ErrWeightExceedsPermits), errors.Is(err, tokensem.ErrAmbiguousOrder):
+		return usageErr{err}
 	case errors.Is(err, tokensem.ErrNoPermit):
-		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s free now (--wait 0)", *name)}
+		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s free now (--wait 0)", what)}
 	case waited && errors.Is(err, context.DeadlineExceeded):
-		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s within %v", *name, *wait)}
+		return exitCodeErr{code: *conflict, err: fmt.Errorf("no permit of %s within %v", what, *wait)}
 	case errors.Is(err, tokensem.ErrTooManyWaiters):
 		return exitCodeErr{code: *conflict, err: err}
 	default:
@@ -93,11 +114,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
-	cmd.Env = append(childEnv(os.Environ()),
-		"TOKENSEM_NAME="+*name,
-		"TOKENSEM_SLOT="+strconv.Itoa(p.Token().Index),
-		"TOKENSEM_FENCE="+strconv.FormatUint(p.Fence(), 10),
-	)
+	cmd.Env = append(childEnv(os.Environ()), permitEnv(p)...)
 	// Own process group, so a stop reaches the command's children too; and,
 	// where the system can, killed with seminit: a command that outlives
 	// its permit holder would run unprotected once the permit is handed on.
@@ -126,6 +143,53 @@ func runExec(ctx context.Context, e env, args []string) error {
 	case <-ctx.Done():
 		return childExit(stopChild(cmd, exited, *killAfter))
 	}
+}
+
+// take acquires what exec holds: one permit of sems[0], weight permits of
+// it, or one permit of each of sems; try: without waiting.
+func take(ctx context.Context, sems []tokensem.Semaphore, weight int, try bool) (*tokensem.PermitSet, error) {
+	switch {
+	case len(sems) > 1 && try:
+		return tokensem.TryAcquireAll(ctx, sems...)
+	case len(sems) > 1:
+		return tokensem.AcquireAll(ctx, sems...)
+	}
+	w, ok := sems[0].(tokensem.Weighted)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T cannot hold several permits", tokensem.ErrInvalidOption, sems[0])
+	}
+	if try {
+		return w.TryAcquireN(ctx, weight)
+	}
+	return w.AcquireN(ctx, weight)
+}
+
+// permitEnv is the environment that tells the command what it holds:
+// TOKENSEM_NAME, TOKENSEM_SLOT and TOKENSEM_FENCE of the first permit, and
+// TOKENSEM_NAMES, TOKENSEM_SLOTS and TOKENSEM_FENCES listing every permit,
+// comma-separated, in one order.
+func permitEnv(p *tokensem.PermitSet) []string {
+	toks, fences := p.Tokens(), p.Fences()
+	names, slots, fs := make([]string, len(toks)), make([]string, len(toks)), make([]string, len(toks))
+	for i, t := range toks {
+		names[i], slots[i], fs[i] = t.Semaphore, strconv.Itoa(t.Index), strconv.FormatUint(fences[i], 10)
+	}
+	return []string{
+		"TOKENSEM_NAME=" + names[0], "TOKENSEM_SLOT=" + slots[0], "TOKENSEM_FENCE=" + fs[0],
+		"TOKENSEM_NAMES=" + strings.Join(names, ","),
+		"TOKENSEM_SLOTS=" + strings.Join(slots, ","),
+		"TOKENSEM_FENCES=" + strings.Join(fs, ","),
+	}
+}
+
+// nameList is a flag given once per semaphore name.
+type nameList []string
+
+func (l *nameList) String() string { return strings.Join(*l, ",") }
+
+func (l *nameList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
 }
 
 // stopChild asks the command to stop (stopGroup), forces it after grace

@@ -88,7 +88,8 @@ func exitCode(err error) int {
 		return ec.code
 	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp),
 		errors.Is(err, tokensem.ErrInvalidName), errors.Is(err, tokensem.ErrInvalidPermits),
-		errors.Is(err, tokensem.ErrInvalidOption):
+		errors.Is(err, tokensem.ErrInvalidOption), errors.Is(err, tokensem.ErrWeightExceedsPermits),
+		errors.Is(err, tokensem.ErrAmbiguousOrder):
 		return exitUsage
 	case errors.As(err, &ae):
 		return exitNoAuth

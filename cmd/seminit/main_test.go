@@ -52,6 +52,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(meterChildEnv); addr != "" {
 		os.Exit(meterChild(addr))
 	}
+	if addr := os.Getenv(setMeterChildEnv); addr != "" {
+		os.Exit(setMeterChild(addr))
+	}
 	os.Exit(testMain(m))
 }
 
@@ -285,7 +288,8 @@ func forEachBroker(t *testing.T, test func(t *testing.T, b broker)) {
 func (b broker) env(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "TOKENSEM_") && !strings.HasPrefix(kv, meterChildEnv+"=") {
+		if !strings.HasPrefix(kv, "TOKENSEM_") && !strings.HasPrefix(kv, meterChildEnv+"=") &&
+			!strings.HasPrefix(kv, setMeterChildEnv+"=") {
 			env = append(env, kv)
 		}
 	}

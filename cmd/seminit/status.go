@@ -63,6 +63,15 @@ func printCount(ctx context.Context, e env, g *globals, s tokensem.Semaphore, na
 // openSemaphore connects to the broker and opens semaphore name, bounded by
 // the operation timeout. done closes both.
 func openSemaphore(ctx context.Context, g *globals, name string) (s tokensem.Semaphore, done func(), err error) {
+	sems, done, err := openSemaphores(ctx, g, []string{name})
+	if err != nil {
+		return nil, nil, err
+	}
+	return sems[0], done, nil
+}
+
+// openSemaphores opens the semaphores names through one connection.
+func openSemaphores(ctx context.Context, g *globals, names []string) (sems []tokensem.Semaphore, done func(), err error) {
 	key, err := g.key()
 	if err != nil {
 		return nil, nil, err
@@ -73,10 +82,19 @@ func openSemaphore(ctx context.Context, g *globals, name string) (s tokensem.Sem
 	if err != nil {
 		return nil, nil, err
 	}
-	s, err = b.open(octx, name, semOptions{key: key, timeout: g.requestTimeout(), log: g.logger()})
-	if err != nil {
+	done = func() {
+		for _, s := range sems {
+			_ = s.Close()
+		}
 		b.close()
-		return nil, nil, err
 	}
-	return s, func() { _ = s.Close(); b.close() }, nil
+	for _, name := range names {
+		s, err := b.open(octx, name, semOptions{key: key, timeout: g.requestTimeout(), log: g.logger()})
+		if err != nil {
+			done()
+			return nil, nil, err
+		}
+		sems = append(sems, s)
+	}
+	return sems, done, nil
 }

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// setMeterChildEnv, when set to a host:port, turns the test binary into the
+// child command of the weighted and hierarchy tests: it reports every
+// permit seminit exec gave it (TOKENSEM_NAMES, _SLOTS, _FENCES) to a
+// setMeter.
+const setMeterChildEnv = "SEMINIT_TEST_SET_METER_CHILD"
+
+func setMeterChild(addr string) int {
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "set meter child:", err)
+		return 3
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	r := bufio.NewReader(c)
+	for _, msg := range []string{
+		fmt.Sprintf("enter %s %s %s", os.Getenv("TOKENSEM_NAMES"), os.Getenv("TOKENSEM_SLOTS"), os.Getenv("TOKENSEM_FENCES")),
+		"leave",
+	} {
+		if _, err := fmt.Fprintln(c, msg); err != nil {
+			return fail(err)
+		}
+		if reply, err := r.ReadString('\n'); err != nil || reply != "ok\n" {
+			return fail(fmt.Errorf("meter replied %q, %v to %q", reply, err, msg))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return 0
+}
+
+// setMeter counts, per semaphore, the permits the set meter children hold
+// inside their critical sections. Like meter, it answers an "enter" only
+// once every semaphore the child holds is full (or fillWait has passed), so
+// that holders provably overlap on a loaded machine.
+type setMeter struct {
+	l       net.Listener
+	wg      sync.WaitGroup
+	permits map[string]int
+
+	mu       sync.Mutex
+	changed  *sync.Cond
+	inside   map[string]int
+	max      map[string]int
+	held     map[string]bool   // "name/slot" held now
+	fences   map[string]uint64 // last fence per "name/slot"
+	enters   int
+	problems []string
+}
+
+func startSetMeter(t *testing.T, permits map[string]int) *setMeter {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &setMeter{l: l, permits: permits, inside: map[string]int{}, max: map[string]int{},
+		held: map[string]bool{}, fences: map[string]uint64{}}
+	m.changed = sync.NewCond(&m.mu)
+	m.wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			m.wg.Go(func() { m.serve(c) })
+		}
+	})
+	t.Cleanup(func() { _ = l.Close(); m.wg.Wait() })
+	return m
+}
+
+func (m *setMeter) serve(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Minute))
+	var mine []string // "name/slot" this child holds
+	defer func() {
+		m.mu.Lock()
+		m.leave(mine)
+		m.mu.Unlock()
+	}()
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		m.mu.Lock()
+		switch {
+		case len(f) == 4 && f[0] == "enter":
+			mine = m.enter(f[1], f[2], f[3])
+			m.waitFull(mine)
+		case len(f) == 1 && f[0] == "leave":
+			m.leave(mine)
+			mine = nil
+		default:
+			m.problems = append(m.problems, fmt.Sprintf("unknown message %q", sc.Text()))
+		}
+		m.mu.Unlock()
+		if _, err := c.Write([]byte("ok\n")); err != nil {
+			return
+		}
+	}
+}
+
+// enter records the permits of one child; m.mu is held.
+func (m *setMeter) enter(names, slots, fences string) []string {
+	n, s, f := strings.Split(names, ","), strings.Split(slots, ","), strings.Split(fences, ",")
+	if len(n) != len(s) || len(n) != len(f) {
+		m.problems = append(m.problems, fmt.Sprintf("names %q, slots %q, fences %q differ in length", names, slots, fences))
+		return nil
+	}
+	m.enters++
+	var mine []string
+	for i := range n {
+		slot, err1 := strconv.Atoi(s[i])
+		fence, err2 := strconv.ParseUint(f[i], 10, 64)
+		key := n[i] + "/" + s[i]
+		switch {
+		case err1 != nil || err2 != nil || slot < 0 || slot >= m.permits[n[i]]:
+			m.problems = append(m.problems, fmt.Sprintf("bad permit %s fence %q", key, f[i]))
+			continue
+		case m.held[key]:
+			m.problems = append(m.problems, fmt.Sprintf("slot %s held twice at once", key))
+		case fence <= m.fences[key]:
+			m.problems = append(m.problems, fmt.Sprintf("slot %s: fence %d after %d", key, fence, m.fences[key]))
+		}
+		m.held[key] = true
+		m.fences[key] = max(m.fences[key], fence)
+		m.inside[n[i]]++
+		m.max[n[i]] = max(m.max[n[i]], m.inside[n[i]])
+		mine = append(mine, key)
+	}
+	m.changed.Broadcast()
+	return mine
+}
+
+func (m *setMeter) leave(mine []string) {
+	for _, key := range mine {
+		name, _, _ := strings.Cut(key, "/")
+		m.inside[name]--
+		delete(m.held, key)
+	}
+	m.changed.Broadcast()
+}
+
+// waitFull waits, m.mu held, until every semaphore of mine is full or
+// fillWait passes.
+func (m *setMeter) waitFull(mine []string) {
+	full := func() bool {
+		for _, key := range mine {
+			name, _, _ := strings.Cut(key, "/")
+			if m.inside[name] < m.permits[name] {
+				return false
+			}
+		}
+		return true
+	}
+	expired := false
+	timer := time.AfterFunc(fillWait, func() {
+		m.mu.Lock()
+		expired = true
+		m.changed.Broadcast()
+		m.mu.Unlock()
+	})
+	defer timer.Stop()
+	for !full() && !expired {
+		m.changed.Wait()
+	}
+}
+
+// runExecs starts one seminit exec per entry of argsOf (the flags before
+// "--"), all at once, each running the set meter child, and fails the test
+// for any that does not exit 0.
+func runExecs(t *testing.T, b broker, m *setMeter, argsOf [][]string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := b.env(setMeterChildEnv+"="+m.l.Addr().String(),
+		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	results := make([]result, len(argsOf))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, args := range argsOf {
+		wg.Go(func() {
+			p := startSeminit(t, env, append(append([]string{"exec"}, args...), "--wait", "60s", "--", self)...)
+			select {
+			case <-p.done:
+				results[i] = p.res
+			case <-time.After(90 * time.Second):
+				results[i] = result{code: -2, stderr: "still running after 90s"}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d exec runs took %v", len(argsOf), time.Since(start).Round(time.Millisecond))
+	for i, r := range results {
+		if r.code != exitOK {
+			t.Errorf("exec %v: %v", argsOf[i], r)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range m.problems {
+		t.Error(p)
+	}
+	if m.enters != len(argsOf) {
+		t.Errorf("%d children entered, want %d", m.enters, len(argsOf))
+	}
+}
+
+// TestExecWeighted: N=4, 12 concurrent seminit exec of weights 3, 2 and 1
+// never hold more than 4 permits' weight inside, reach 4, and all finish;
+// a weight above the permits exits 64 at once.
+func TestExecWeighted(t *testing.T) { forEachBroker(t, testExecWeighted) }
+
+func testExecWeighted(t *testing.T, b broker) {
+	const permits = 4
+	name := uniqueName(t)
+	b.mustInit(t, name, permits)
+	t.Cleanup(func() { b.seminit(t, "delete", "--name", name, "--force") })
+
+	start := time.Now()
+	if r := b.seminit(t, "exec", "--name", name, "--weight", "5", "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "weight") {
+		t.Fatalf("exec --weight 5 on 4 permits: %v, want exit %d naming the weight", r, exitUsage)
+	}
+	t.Logf("--weight 5 refused in %v", time.Since(start).Round(time.Millisecond))
+
+	m := startSetMeter(t, map[string]int{name: permits})
+	var argsOf [][]string
+	for i := range 12 {
+		argsOf = append(argsOf, []string{"--name", name, "--weight", strconv.Itoa(3 - i%3)})
+	}
+	runExecs(t, b, m, argsOf)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t.Logf("weight inside at most %d of %d", m.max[name], permits)
+	if m.max[name] != permits {
+		t.Errorf("weight inside reached %d, want exactly %d", m.max[name], permits)
+	}
+}
+
+// TestExecHierarchy: regions eu (2) and us (2) under global (3); each of
+// 12 seminit exec holds one permit of its region and one of global, half
+// of them naming global first. Nothing deadlocks, every run finishes, and
+// eu, us and global never have more than 2, 2 and 3 inside.
+func TestExecHierarchy(t *testing.T) { forEachBroker(t, testExecHierarchy) }
+
+func testExecHierarchy(t *testing.T, b broker) {
+	eu, us, global := uniqueName(t), uniqueName(t), uniqueName(t)
+	limits := map[string]int{eu: 2, us: 2, global: 3}
+	for name, n := range limits {
+		b.mustInit(t, name, n)
+		t.Cleanup(func() { b.seminit(t, "delete", "--name", name, "--force") })
+	}
+	m := startSetMeter(t, limits)
+	var argsOf [][]string
+	for i := range 12 {
+		region := eu
+		if i%2 == 1 {
+			region = us
+		}
+		if i%4 < 2 {
+			argsOf = append(argsOf, []string{"--name", region, "--name", global})
+		} else {
+			argsOf = append(argsOf, []string{"--name", global, "--name", region})
+		}
+	}
+	runExecs(t, b, m, argsOf)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t.Logf("inside at most: eu %d, us %d, global %d", m.max[eu], m.max[us], m.max[global])
+	for name, n := range limits {
+		if m.max[name] > n {
+			t.Errorf("%d inside %s, limit %d", m.max[name], name, n)
+		}
+	}
+	if m.max[global] != limits[global] {
+		t.Errorf("global reached %d, want %d", m.max[global], limits[global])
+	}
+}
