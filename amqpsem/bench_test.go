@@ -2,6 +2,7 @@ package amqpsem_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -59,4 +60,19 @@ func BenchmarkHandoff(b *testing.B) {
 	semtest.BenchHandoff(b, a, w,
 		func() bool { return consumers() == 1 },
 		func() bool { return consumers() >= 2 })
+}
+
+// BenchmarkWeighted compares holding k of 4 permits with AcquireN against
+// k single Acquire calls in a row.
+func BenchmarkWeighted(b *testing.B) {
+	c := dial(b, broker.Addr, 0)
+	s, err := amqpsem.Init(context.Background(), c, "bench-weighted-"+tokensem.NewToken("x", 0, 0).ID[:6], 4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	for _, k := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("AcquireN-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, false) })
+		b.Run(fmt.Sprintf("singles-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, true) })
+	}
 }

@@ -2,6 +2,7 @@ package natssem_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -158,4 +159,18 @@ func BenchmarkPrimitives(b *testing.B) {
 	b.ReportMetric(float64(c50.Microseconds()), "cas-p50-µs")
 	b.ReportMetric(float64(p50.Microseconds()), "nak+pull-p50-µs")
 	b.ReportMetric(float64(p50+2*c50)/float64(rtt), "floor/rtt")
+}
+
+// BenchmarkWeighted compares holding k of 4 permits with AcquireN against
+// k single Acquire calls in a row.
+func BenchmarkWeighted(b *testing.B) {
+	s, err := natssem.Init(context.Background(), connect(b, srv.Addr().String()), "bench-weighted", 4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for _, k := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("AcquireN-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, false) })
+		b.Run(fmt.Sprintf("singles-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, true) })
+	}
 }

@@ -104,3 +104,40 @@ func poll(b *testing.B, failure string, cond func() bool) {
 		time.Sleep(100 * time.Microsecond)
 	}
 }
+
+// BenchWeighted compares, on one idle client of s, holding k permits with
+// one AcquireN + Release of the set against k Acquire calls one after the
+// other + k Releases. It reports p50-µs and p99-µs.
+func BenchWeighted(b *testing.B, s tokensem.Weighted, k int, singles bool) {
+	ctx := context.Background()
+	var d []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if singles {
+			ps := make([]tokensem.Permit, 0, k)
+			for range k {
+				p, err := s.Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ps = append(ps, p)
+			}
+			for _, p := range ps {
+				if err := p.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		} else {
+			set, err := s.AcquireN(ctx, k)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := set.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		d = append(d, time.Since(t0))
+	}
+	b.ReportMetric(float64(Percentile(d, 0.5).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(Percentile(d, 0.99).Microseconds()), "p99-µs")
+}
