@@ -113,6 +113,12 @@ func Open(ctx context.Context, c *Conn, name string, opts ...Option) (*Semaphore
 	if err != nil {
 		return nil, err
 	}
+	return s.open(ctx)
+}
+
+// open is Open with a name already checked (or, for a gate, made by the
+// library).
+func (s *Semaphore) open(ctx context.Context) (*Semaphore, error) {
 	cfg, err := s.readConfig(ctx)
 	if err != nil {
 		return nil, err

@@ -149,6 +149,12 @@ func Open(ctx context.Context, nc *nats.Conn, name string, opts ...Option) (*Sem
 	if err != nil {
 		return nil, err
 	}
+	return openSemaphore(ctx, nc, name, o)
+}
+
+// openSemaphore is Open with a name already checked (or, for a gate, made
+// by the library).
+func openSemaphore(ctx context.Context, nc *nats.Conn, name string, o options) (*Semaphore, error) {
 	s, err := newSemaphore(nc, name, o)
 	if err != nil {
 		return nil, err

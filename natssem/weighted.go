@@ -2,10 +2,14 @@ package natssem
 
 import (
 	"context"
+	"errors"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/weighted"
+	"github.com/tokensem/tokensem/reconciler"
 )
+
+var _ reconciler.Gated = (*Inventory)(nil)
 
 var _ tokensem.Weighted = (*Semaphore)(nil)
 
@@ -41,6 +45,16 @@ func (s *Semaphore) weightedSource() weighted.Source {
 
 // gate returns the gate of the semaphore, creating it (Init) on first use.
 func (s *Semaphore) gate(ctx context.Context) (tokensem.Semaphore, error) {
+	g, err := s.gateSemaphore(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// gateSemaphore returns the gate, creating it if create is set; nil, nil
+// when it does not exist and create is not set.
+func (s *Semaphore) gateSemaphore(ctx context.Context, create bool) (*Semaphore, error) {
 	s.gateMu.Lock()
 	defer s.gateMu.Unlock()
 	if s.gateSem != nil {
@@ -55,7 +69,18 @@ func (s *Semaphore) gate(ctx context.Context) (tokensem.Semaphore, error) {
 	if s.stream != nil {
 		o.replicas = s.stream.CachedInfo().Config.Replicas
 	}
-	g, err := initSemaphore(ctx, s.nc, weighted.GateName(s.name), 1, o)
+	var (
+		g   *Semaphore
+		err error
+	)
+	if create {
+		g, err = initSemaphore(ctx, s.nc, weighted.GateName(s.name), 1, o)
+	} else {
+		g, err = openSemaphore(ctx, s.nc, weighted.GateName(s.name), o)
+		if errors.Is(err, tokensem.ErrNotInitialized) {
+			return nil, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -74,4 +99,15 @@ func (s *Semaphore) closeGate() {
 	if s.gateSem != nil {
 		_ = s.gateSem.Close()
 	}
+}
+
+// Gate returns the inventory of the semaphore's gate (see AcquireN), or nil
+// if no weighted caller ever made one: reconciler.Run repairs it after the
+// semaphore.
+func (inv *Inventory) Gate(ctx context.Context) (reconciler.Inventory, error) {
+	g, err := inv.s.gateSemaphore(ctx, false)
+	if err != nil || g == nil {
+		return nil, err
+	}
+	return g.Inventory(), nil
 }

@@ -39,11 +39,46 @@ type Report struct {
 	Healthy    bool          `json:"healthy"`    // after the run
 	Census     time.Duration `json:"census_ns"`  // time of the (first) census
 	Repair     time.Duration `json:"repair_ns"`  // time of the repair
+	// Gate is the run on the semaphore's gate (see Gated), if it has one;
+	// Healthy above counts it too.
+	Gate *Report `json:"gate,omitempty"`
+}
+
+// Gated is an Inventory whose semaphore may have a gate: the one-permit
+// semaphore its weighted callers (tokensem.Weighted) take turns through,
+// whose token can be lost or copied like any other. natssem's and
+// amqpsem's inventories are Gated; Run reconciles the gate after the
+// semaphore.
+type Gated interface {
+	Inventory
+	// Gate returns the gate's inventory, or nil when the semaphore has no
+	// gate (no weighted caller ever gathered permits).
+	Gate(ctx context.Context) (Inventory, error)
 }
 
 // Run takes a census and, if repair is set, repairs what it found, then
-// takes a second census to report the outcome.
+// takes a second census to report the outcome. A Gated inventory's gate is
+// reconciled the same way afterwards (Report.Gate).
 func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
+	r, err := run(ctx, inv, repair)
+	g, ok := inv.(Gated)
+	if err != nil || !ok {
+		return r, err
+	}
+	gate, err := g.Gate(ctx)
+	if err != nil || gate == nil {
+		return r, err
+	}
+	gr, err := run(ctx, gate, repair)
+	if err != nil {
+		return r, fmt.Errorf("reconciler: gate: %w", err)
+	}
+	r.Gate = &gr
+	r.Healthy = r.Healthy && gr.Healthy
+	return r, nil
+}
+
+func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 	unlock, err := inv.Lock(ctx)
 	if err != nil {
 		return Report{}, err

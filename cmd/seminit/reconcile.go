@@ -121,4 +121,8 @@ func printReport(e env, g *globals, name string, r reconciler.Report) {
 	fmt.Fprintf(e.stdout, "%s: %d permits, %d token messages; duplicates %v, missing %v, invalid %d; removed %d, issued %d; healthy=%v (census %v, repair %v)\n",
 		name, r.Permits, r.Tokens, r.Duplicates, r.Missing, r.Invalid, r.Removed, r.Issued, r.Healthy,
 		r.Census.Round(time.Millisecond), r.Repair.Round(time.Millisecond))
+	if gr := r.Gate; gr != nil {
+		fmt.Fprintf(e.stdout, "%s's gate (weighted callers take turns through it): %d token messages; duplicates %v, missing %v, invalid %d; removed %d, issued %d; healthy=%v\n",
+			name, gr.Tokens, gr.Duplicates, gr.Missing, gr.Invalid, gr.Removed, gr.Issued, gr.Healthy)
+	}
 }

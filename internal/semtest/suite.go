@@ -47,6 +47,7 @@ func Run(t *testing.T, b Backend) {
 		{"WeightedNoDeadlock", testWeightedNoDeadlock},
 		{"WeightedNoStarvation", testWeightedNoStarvation},
 		{"WeightedLoss", testWeightedLoss},
+		{"WeightedGateRepaired", testWeightedGateRepaired},
 		{"AcquireAll", testAcquireAll},
 	}
 	for _, tc := range tests {

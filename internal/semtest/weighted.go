@@ -3,6 +3,7 @@ package semtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Weighted acquire (tokensem.Weighted): all or nothing, no deadlock
@@ -437,4 +439,63 @@ func testAcquireAll(t *testing.T, b Backend) {
 	if mEU.max.Load() > 2 || mUS.max.Load() > 2 || mGlobal.max.Load() > 3 {
 		t.Fatalf("inside at most: eu %d (2), us %d (2), global %d (3)", mEU.max.Load(), mUS.max.Load(), mGlobal.max.Load())
 	}
+}
+
+// testWeightedGateRepaired: the gate is a semaphore of one token, which can
+// be lost like any other; while it is gone weighted callers wait, and a
+// reconcile of the semaphore issues it again.
+func testWeightedGateRepaired(t *testing.T, b Backend) {
+	const n = 2
+	name := uniqueName(t)
+	s := mustInit(t, b, name, n, Options{})
+	w := weightedOf(t, s)
+	inv, ok := b.Inventory(s).(reconciler.Gated)
+	if !ok {
+		t.Fatalf("%T is not a reconciler.Gated", b.Inventory(s))
+	}
+	ctx := Context(t, time.Minute)
+	if g, err := inv.Gate(ctx); err != nil || g != nil {
+		t.Fatalf("Gate before any weighted caller: %v, %v; want none", g, err)
+	}
+	set, err := w.AcquireN(ctx, n)
+	if err != nil {
+		t.Fatalf("AcquireN: %v", err)
+	}
+	if err := set.Release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	gate, err := inv.Gate(ctx)
+	if err != nil || gate == nil {
+		t.Fatalf("Gate after AcquireN: %v, %v", gate, err)
+	}
+	// Lose the gate's token, as a broker that drops a message would.
+	unlock, err := gate.Lock(ctx)
+	if err != nil {
+		t.Fatalf("lock the gate: %v", err)
+	}
+	c, err := gate.Census(ctx)
+	if err == nil && len(c.Entries) != 1 {
+		err = fmt.Errorf("%d gate tokens, want 1", len(c.Entries))
+	}
+	if err == nil {
+		err = gate.Remove(ctx, c.Entries[0])
+	}
+	unlock()
+	if err != nil {
+		t.Fatalf("remove the gate's token: %v", err)
+	}
+	if _, err := w.AcquireN(Context(t, 500*time.Millisecond), n); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("AcquireN with the gate's token lost: %v, want DeadlineExceeded", err)
+	}
+	r, err := reconciler.Run(ctx, inv, true)
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if r.Gate == nil || r.Gate.Issued != 1 || !r.Healthy {
+		t.Fatalf("reconcile: %+v (gate %+v); want the gate's token issued and healthy", r, r.Gate)
+	}
+	eventually(t, 10*time.Second, "AcquireN served again", func() bool {
+		set, err := w.AcquireN(Context(t, 2*time.Second), n)
+		return err == nil && set.Release(t.Context()) == nil
+	})
 }
