@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -292,5 +293,74 @@ func testExecHierarchy(t *testing.T, b broker) {
 	}
 	if m.max[global] != limits[global] {
 		t.Errorf("global reached %d, want %d", m.max[global], limits[global])
+	}
+}
+
+// TestExecWeightedKilled kills -9 a seminit exec holding all 3 permits,
+// then one that has gathered 2 of 3 (and the gate) and waits for the third:
+// every permit, and the gate, come back (NATS: within the lease; RabbitMQ:
+// when the broker sees the connection drop), so the next caller of all 3 is
+// served.
+func TestExecWeightedKilled(t *testing.T) { forEachBroker(t, testExecWeightedKilled) }
+
+func testExecWeightedKilled(t *testing.T, b broker) {
+	const permits, lease = 3, 2 * time.Second
+	name := uniqueName(t)
+	bound := 5 * time.Second
+	if b.leases {
+		b.mustInit(t, name, permits, "--lease", lease.String())
+		bound = 15 * time.Second
+	} else {
+		b.mustInit(t, name, permits)
+	}
+	t.Cleanup(func() { b.seminit(t, "delete", "--name", name, "--force") })
+	weight := strconv.Itoa(permits)
+
+	recover := func(what string, killed time.Time) {
+		t.Helper()
+		r := b.seminit(t, "exec", "--name", name, "--weight", weight, "--wait", "20s", "--", "true")
+		back := time.Since(killed)
+		if r.code != exitOK {
+			t.Fatalf("exec --weight %s after kill -9 of %s: %v", weight, what, r)
+		}
+		t.Logf("%s: all %d permits back %v after kill -9 of %s", b.name, permits, back.Round(time.Millisecond), what)
+		if back > bound {
+			t.Errorf("recovery took %v, want at most %v", back, bound)
+		}
+	}
+
+	p, _ := b.holder(t, name, 30, "--weight", weight)
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	recover("a holder of all of them", time.Now())
+
+	// A gatherer with 2 of 3: one permit is held by another exec.
+	h, _ := b.holder(t, name, 60)
+	g := startSeminit(t, b.env(), "exec", "--name", name, "--weight", weight, "--wait", "60s", "--", "true")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, st := b.statusJSON(t, name); st.Held == permits && st.Waiting >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the gatherer never held 2 permits while waiting for a third")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := g.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.wait(15 * time.Second); r.code == -2 {
+		t.Fatalf("the single holder did not exit on SIGTERM: %v", r)
+	}
+	recover("a gatherer holding 2 of them", killed)
+	_, st := b.statusJSON(t, name)
+	if !st.Healthy || st.Held != 0 || st.Available != permits {
+		t.Errorf("status after recovery = %+v", st)
 	}
 }
