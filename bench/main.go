@@ -38,31 +38,32 @@ import (
 
 // config is the harness's flags.
 type config struct {
-	out        string
-	quick      bool
-	systems    []string
-	scenarios  []string
-	amqpURL    string
-	natsURL    string
-	redisBin   string
-	workers    int
-	permits    int
-	hold       time.Duration
-	duration   time.Duration
-	sems       int
-	amqpSems   int
-	waiters    int
-	amqpWaits  int
-	bigN       int
-	cpuProfile string
-	timeout    time.Duration
-	sleepHold  bool
-	idle       time.Duration
-	args       []string
+	out             string
+	quick           bool
+	systems         []string
+	scenarios       []string
+	amqpURL         string
+	natsURL         string
+	redisBin        string
+	workers         int
+	weightedWorkers int
+	permits         int
+	hold            time.Duration
+	duration        time.Duration
+	sems            int
+	amqpSems        int
+	waiters         int
+	amqpWaits       int
+	bigN            int
+	cpuProfile      string
+	timeout         time.Duration
+	sleepHold       bool
+	idle            time.Duration
+	args            []string
 }
 
 var allSystems = []string{"natssem", "amqpsem", "redis", "redis-fast"}
-var allScenarios = []string{"cycle", "contention", "handoff", "sems", "waiters", "bign"}
+var allScenarios = []string{"cycle", "contention", "weighted", "handoff", "sems", "waiters", "bign"}
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -71,13 +72,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	systems := fs.String("systems", strings.Join(allSystems, ","),
 		"systems to run, comma-separated: natssem (with the raw core-NATS round trip), amqpsem, redis (retry 50–200 ms), redis-fast (retry 1–5 ms)")
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","),
-		"scenarios to run, comma-separated: cycle, contention, handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
+		"scenarios to run, comma-separated: cycle, contention, weighted (mixed weights 1-3, tokensem only), handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
 	fs.StringVar(&c.out, "out", "", "directory to write bench.md and handoff.svg to (default: print the markdown only)")
 	fs.BoolVar(&c.quick, "quick", false, "short runs (fewer samples, 3 s of contention): the whole run takes a few minutes")
 	fs.StringVar(&c.amqpURL, "amqp-url", cmp.Or(os.Getenv("RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (default $RABBITMQ_URL)")
 	fs.StringVar(&c.natsURL, "nats-url", "", "run natssem on this NATS server (with JetStream) instead of an embedded one")
 	fs.StringVar(&c.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH)")
 	fs.IntVar(&c.workers, "workers", 32, "contention: workers, each on a connection of its own")
+	fs.IntVar(&c.weightedWorkers, "weighted-workers", 12, "weighted: workers of weights 1, 2 and 3 in turn (weight 3 needs -permits of at least 3)")
 	fs.IntVar(&c.permits, "permits", 4, "contention and waiters: permits N")
 	fs.DurationVar(&c.hold, "hold", time.Millisecond, "contention and waiters: how long each acquisition holds")
 	fs.DurationVar(&c.duration, "duration", 0, "contention: how long to run (default 10s, 3s with -quick)")
@@ -112,9 +114,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if c.idle < 0 {
 		return nil, errors.New("-handoff-idle must not be negative")
 	}
-	if c.workers < 1 || c.permits < 1 || c.hold <= 0 || c.duration <= 0 || c.sems < 1 || c.waiters < 1 || c.bigN < 1 ||
+	if c.workers < 1 || c.weightedWorkers < 1 || c.permits < 1 || c.hold <= 0 || c.duration <= 0 || c.sems < 1 || c.waiters < 1 || c.bigN < 1 ||
 		c.amqpSems < 1 || c.amqpWaits < 1 {
-		return nil, errors.New("-workers, -permits, -hold, -duration, -sems, -waiters and -bign must be positive")
+		return nil, errors.New("-workers, -weighted-workers, -permits, -hold, -duration, -sems, -waiters and -bign must be positive")
 	}
 	return c, nil
 }
@@ -410,6 +412,15 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			logf("%s contention: %.0f/s (%.0f%% of %.0f/s), wait p50 %s p99 %s, max/min %.2f CV %.3f, peak holders %d; mean hold %s, release p50 %s p99 %s, slot idle p50 %s mean %s; machine CPU %.0f%% busy, harness %.2f cores",
 				key, r.Throughput, r.Percent(), r.Ceiling, fmtDur(r.Wait.P50), fmtDur(r.Wait.P99), r.Fair.MaxMin, r.Fair.CV, r.Peak,
 				fmtDur(r.MeanHold), fmtDur(r.Release.P50), fmtDur(r.Release.P99), fmtDur(r.Gap.P50), fmtDur(r.Gap.Mean), 100*r.CPU.MachineBusy, r.CPU.HarnessCores)
+		}
+	}
+	if cfg.has("weighted") && res.Tokensem {
+		if r, err := runWeighted(ctx, sys, name("weighted"), cfg.weightedWorkers, cfg.permits, cfg.hold, cfg.duration, !cfg.sleepHold); err != nil {
+			fail("weighted", err)
+		} else {
+			res.Weighted = r
+			logf("%s weighted: %.0f permits/s (%.0f%% of %.0f/s), most weight inside %d of %d; machine CPU %.0f%% busy",
+				key, r.Units, r.Percent(), r.Ceiling, r.Peak, r.N, 100*r.CPU.MachineBusy)
 		}
 	}
 	if cfg.has("handoff") {

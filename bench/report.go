@@ -57,6 +57,7 @@ type SystemResult struct {
 	Sems       *SemsResult
 	Waiters    *WaitersResult
 	BigN       *BigNResult
+	Weighted   *WeightedResult
 }
 
 func (r *Report) system(key string) *SystemResult {
@@ -342,6 +343,7 @@ func WriteMarkdown(w io.Writer, r *Report, plot string) error {
 	writeTable(w, []string{"system", "target", "measured", "", "why"}, trows)
 
 	writeCore(w, r)
+	writeWeighted(w, r)
 	writeScale(w, r)
 	switch {
 	case plot != "":

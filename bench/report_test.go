@@ -30,6 +30,8 @@ func sampleReport() *Report {
 		Sems:       &SemsResult{Count: 1000, Clients: 1},
 		Waiters:    &WaitersResult{Waiters: 5000, N: 4, Served: 5000, Complete: true, Peak: 4, HeapPerWaiter: 4096},
 		BigN:       &BigNResult{N: 10000},
+		Weighted: &WeightedResult{Workers: 12, N: 4, Hold: time.Millisecond, Units: 2000, Ceiling: 4000, Peak: 4,
+			Classes: []WeightClass{{K: 1, Workers: 4, Acquisitions: 900}, {K: 2, Workers: 4, Acquisitions: 300}, {K: 3, Workers: 4, Acquisitions: 100}}},
 	}
 	amqp := &SystemResult{Key: "amqpsem", Label: "amqpsem", Tokensem: true, Errs: map[string]string{"bign": "boom"},
 		Cycle:      &CycleResult{Summary: Summary{N: 100, P50: 900 * time.Microsecond}},
@@ -159,6 +161,9 @@ func onlyScenarios(r *Report, scenarios ...string) *Report {
 		}
 		if !has("bign") {
 			c.BigN = nil
+		}
+		if !has("weighted") {
+			c.Weighted = nil
 		}
 		out.Systems = append(out.Systems, &c)
 	}
