@@ -19,6 +19,11 @@ import (
 // deadlock each sitting on part of what the other needs, and a caller of k
 // = N permits among a stream of single-permit callers gets its permits
 // once the callers queued before it have had theirs. k = 1 is Acquire.
+// These hold within one semaphore: a caller that holds permits of one
+// semaphore while it waits for another's can deadlock with one that does
+// the opposite (use AcquireAll for one permit of each), and on NATS a wait
+// longer than the pull expiry (natssem.DefaultPullExpiry) re-queues its
+// requests at the back, as it does a single caller's.
 //
 // TryAcquireN takes k permits if they are free now (and no other caller is
 // gathering), or returns ErrNoPermit at once, holding nothing.
@@ -75,16 +80,39 @@ func acquireAll(ctx context.Context, sems []Semaphore, acquire func(Semaphore, c
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	held := make([]Permit, len(sems))
-	for _, i := range order {
-		p, err := acquire(sems[i], ctx)
-		if err != nil {
-			giveBack(held)
-			return nil, fmt.Errorf("%s: %w", sems[i].(named).Name(), err)
+	for {
+		held := make([]Permit, len(sems))
+		for _, i := range order {
+			p, err := acquire(sems[i], ctx)
+			if err != nil {
+				giveBack(held)
+				return nil, fmt.Errorf("%s: %w", sems[i].(named).Name(), err)
+			}
+			held[i] = p
 		}
-		held[i] = p
+		set := NewPermitSet(held...)
+		// A permit taken early may have been lost while a later one was
+		// awaited: such a set is worth nothing; start over.
+		if set.Err() == nil && allHeld(held) {
+			return set, nil
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), ReleaseTimeout)
+		_ = set.Release(rctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 	}
-	return NewPermitSet(held...), nil
+}
+
+// allHeld reports whether no permit of held is lost or released.
+func allHeld(held []Permit) bool {
+	for _, p := range held {
+		if p.Err() != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // canonicalOrder returns the indices of sems in the order every process

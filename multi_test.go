@@ -7,7 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
 // unnamed is a Semaphore without a Name method: AcquireAll cannot order it.
@@ -127,5 +132,47 @@ func TestDoWithWeight(t *testing.T) {
 	}
 	if err := tokensem.Do(bounded(t), unnamed{s}, func(context.Context) error { return nil }, tokensem.WithWeight(2)); !errors.Is(err, tokensem.ErrInvalidOption) {
 		t.Fatalf("Do(WithWeight) on a semaphore that is not Weighted: %v", err)
+	}
+}
+
+// TestCloseDuringGateCreation: Close while a first AcquireN creates the
+// gate on a broker that stopped answering returns at once, and the
+// AcquireN returns ErrClosed instead of retrying until its ctx ends.
+func TestCloseDuringGateCreation(t *testing.T) {
+	srv, err := embedded.Start(embedded.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	s, err := natssem.Init(bounded(t), nc, "gated", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.AcquireN(semtest.Context(t, time.Minute), 2)
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close still waiting 20 s after it was called, while AcquireN made the gate")
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, tokensem.ErrClosed) {
+			t.Fatalf("AcquireN after Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("AcquireN still waiting 20 s after Close")
 	}
 }

@@ -30,6 +30,11 @@ var errDeleted = errors.New("amqpsem: the semaphore was deleted")
 // slot that a shrink retired (index >= permits) is not seen by the check:
 // Delete takes its permit as ForceDelete would.
 //
+// The semaphore's gate (see AcquireN) goes with it, force-deleted: a
+// gatherer holding it has nothing left to gather. A weighted caller whose
+// first AcquireN races the delete may make the gate again after it; the
+// next Init of the name uses it, the next Delete removes it.
+//
 // Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
 // that name exists), tokensem.ErrHeld, or a wrapped broker error.
 func Delete(ctx context.Context, c *Conn, name string) error {

@@ -11,6 +11,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
+	"github.com/tokensem/tokensem/internal/weighted"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -31,8 +32,7 @@ type Semaphore struct {
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
 
-	gateMu  sync.Mutex
-	gateSem *Semaphore // see gate; nil until the first AcquireN of k > 1
+	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
 
 	mu     sync.Mutex
 	held   map[int]bool // slots this process holds
@@ -249,7 +249,7 @@ func (s *Semaphore) config() config { return s.cfg.Get() }
 // blocked in Acquire (they return ErrClosed). Held permits stay valid until
 // released or lost. The Conn belongs to the caller and stays open.
 func (s *Semaphore) Close() error {
-	defer s.closeGate()
+	defer s.gates.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {

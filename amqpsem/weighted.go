@@ -9,15 +9,17 @@ import (
 	"github.com/tokensem/tokensem/reconciler"
 )
 
-var _ reconciler.Gated = (*Inventory)(nil)
-
-var _ tokensem.Weighted = (*Semaphore)(nil)
+var (
+	_ tokensem.Weighted = (*Semaphore)(nil)
+	_ reconciler.Gated  = (*Inventory)(nil)
+)
 
 // AcquireN blocks until it holds k permits, all or nothing, or ctx ends;
 // see tokensem.Weighted for how weighted callers take turns without
 // deadlock or starvation. Callers of k > 1 queue for the semaphore's gate,
 // a one-permit semaphore beside it (queue tokensem._gate_NAME), which the
-// first such call creates with the same key and queue type.
+// first such call creates with the same key and queue type (so it needs the
+// rights Init needs).
 //
 // Errors: those of Acquire, tokensem.ErrInvalidPermits (k < 1) and
 // tokensem.ErrWeightExceedsPermits (k above the permits).
@@ -43,69 +45,47 @@ func (s *Semaphore) weightedSource() weighted.Source {
 	}
 }
 
-// gate returns the gate of the semaphore, creating it (Init) on first use.
-func (s *Semaphore) gate(ctx context.Context) (tokensem.Semaphore, error) {
-	g, err := s.gateSemaphore(ctx, true)
+// gate returns the gate of the semaphore, creating it (Init) on first use;
+// a stale gate is forgotten and made again if the semaphore exists.
+func (s *Semaphore) gate(ctx context.Context, stale tokensem.Semaphore) (tokensem.Semaphore, error) {
+	if stale != nil {
+		s.gates.Forget(stale)
+		if _, err := s.refreshConfig(ctx); err != nil {
+			return nil, err
+		}
+	}
+	g, err := s.gates.Get(ctx, s.done, func(ctx context.Context) (*Semaphore, error) {
+		return newSemaphoreWith(s.c, weighted.GateName(s.name), s.gateOptions()).init(ctx, 1)
+	})
 	if err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// gateSemaphore returns the gate, creating it if create is set; nil, nil
-// when it does not exist and create is not set.
-func (s *Semaphore) gateSemaphore(ctx context.Context, create bool) (*Semaphore, error) {
-	s.gateMu.Lock()
-	defer s.gateMu.Unlock()
-	if s.gateSem != nil {
-		return s.gateSem, nil
-	}
-	if s.isClosed() {
-		return nil, tokensem.ErrClosed
-	}
+// gateOptions are the options of the gate: the semaphore's, with its queue
+// type, and no observer (the gate's permits are not the semaphore's).
+func (s *Semaphore) gateOptions() options {
 	o := s.opts
-	o.Observer = nil // the gate's permits are not the semaphore's
+	o.Observer = nil
 	if qt := s.config().QueueType; qt != "" {
 		o.queueType = qt
 	}
-	var (
-		g   *Semaphore
-		err error
-	)
-	if create {
-		g, err = newSemaphoreWith(s.c, weighted.GateName(s.name), o).init(ctx, 1)
-	} else {
-		g, err = newSemaphoreWith(s.c, weighted.GateName(s.name), o).open(ctx)
-		if errors.Is(err, tokensem.ErrNotInitialized) {
-			return nil, nil
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	if s.isClosed() {
-		_ = g.Close()
-		return nil, tokensem.ErrClosed
-	}
-	s.gateSem = g
-	return g, nil
-}
-
-// closeGate closes the gate, if one was opened.
-func (s *Semaphore) closeGate() {
-	s.gateMu.Lock()
-	defer s.gateMu.Unlock()
-	if s.gateSem != nil {
-		_ = s.gateSem.Close()
-	}
+	return o
 }
 
 // Gate returns the inventory of the semaphore's gate (see AcquireN), or nil
 // if no weighted caller ever made one: reconciler.Run repairs it after the
 // semaphore.
 func (inv *Inventory) Gate(ctx context.Context) (reconciler.Inventory, error) {
-	g, err := inv.s.gateSemaphore(ctx, false)
-	if err != nil || g == nil {
+	s := inv.s
+	g, err := s.gates.Get(ctx, s.done, func(ctx context.Context) (*Semaphore, error) {
+		return newSemaphoreWith(s.c, weighted.GateName(s.name), s.gateOptions()).open(ctx)
+	})
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		return nil, nil
+	case err != nil:
 		return nil, err
 	}
 	return g.Inventory(), nil

@@ -53,6 +53,11 @@ import (
 // Delete existed do not see its closed slots: do not delete a semaphore
 // they use.
 //
+// The semaphore's gate (see AcquireN) goes with it, force-deleted: a
+// gatherer holding it has nothing left to gather. A weighted caller whose
+// first AcquireN races the delete may make the gate again after it; the
+// next Init of the name uses it, the next Delete removes it.
+//
 // Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
 // that name exists), tokensem.ErrHeld, or a wrapped broker error.
 func Delete(ctx context.Context, nc *nats.Conn, name string) error {

@@ -15,6 +15,7 @@ import (
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/internal/weighted"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -60,8 +61,7 @@ type Semaphore struct {
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
 
-	gateMu  sync.Mutex
-	gateSem *Semaphore // see gate; nil until the first AcquireN of k > 1
+	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
 
 	mu     sync.Mutex
 	idle   []*waiter // inboxes with no pull pending, for reuse
@@ -386,7 +386,7 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 // blocked in Acquire (they return ErrClosed). Held permits stay valid until
 // released or lost. The NATS connection belongs to the caller and stays open.
 func (s *Semaphore) Close() error {
-	defer s.closeGate()
+	defer s.gates.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {

@@ -364,3 +364,76 @@ func testExecWeightedKilled(t *testing.T, b broker) {
 		t.Errorf("status after recovery = %+v", st)
 	}
 }
+
+// TestExecHierarchyOppositeOrders: three semaphores of one permit each,
+// driven for a minute by two streams of seminit exec processes, one naming
+// them a, b, c and the other c, b, a. Taken in the order given, the two
+// would soon each hold one and wait for the other's; taken in one
+// canonical order, every exec finishes and no semaphore ever has two
+// holders.
+func TestExecHierarchyOppositeOrders(t *testing.T) {
+	forEachBroker(t, func(t *testing.T, b broker) {
+		t.Parallel()
+		testExecHierarchyOppositeOrders(t, b)
+	})
+}
+
+func testExecHierarchyOppositeOrders(t *testing.T, b broker) {
+	const run = time.Minute
+	names := []string{uniqueName(t), uniqueName(t), uniqueName(t)}
+	limits := map[string]int{}
+	for _, name := range names {
+		b.mustInit(t, name, 1)
+		limits[name] = 1
+		t.Cleanup(func() { b.seminit(t, "delete", "--name", name, "--force") })
+	}
+	m := startSetMeter(t, limits)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := b.env(setMeterChildEnv+"="+m.l.Addr().String(),
+		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	orders := [][]string{
+		{"--name", names[0], "--name", names[1], "--name", names[2]},
+		{"--name", names[2], "--name", names[1], "--name", names[0]},
+	}
+	deadline := time.Now().Add(run)
+	runs := make([]int, len(orders))
+	var wg sync.WaitGroup
+	for i, order := range orders {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				args := append(append([]string{"exec"}, order...), "--wait", "30s", "--", self)
+				p := startSeminit(t, env, args...)
+				var r result
+				select {
+				case <-p.done:
+					r = p.res
+				case <-time.After(45 * time.Second):
+					r = result{code: -2, stderr: "still running after 45s"}
+				}
+				if r.code != exitOK {
+					t.Errorf("stream %d, exec %d (%v): %v", i, runs[i], order, r)
+					return
+				}
+				runs[i]++
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%s: %d and %d execs in %v, every one finished", b.name, runs[0], runs[1], run)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range m.problems {
+		t.Error(p)
+	}
+	for _, name := range names {
+		if m.max[name] != 1 {
+			t.Errorf("%d inside %s at most, want 1", m.max[name], name)
+		}
+	}
+	if runs[0] == 0 || runs[1] == 0 {
+		t.Errorf("a stream ran no exec: %v", runs)
+	}
+}

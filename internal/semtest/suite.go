@@ -48,6 +48,7 @@ func Run(t *testing.T, b Backend) {
 		{"WeightedNoStarvation", testWeightedNoStarvation},
 		{"WeightedLoss", testWeightedLoss},
 		{"WeightedGateRepaired", testWeightedGateRepaired},
+		{"WeightedAfterDelete", testWeightedAfterDelete},
 		{"AcquireAll", testAcquireAll},
 	}
 	for _, tc := range tests {

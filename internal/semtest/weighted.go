@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -498,4 +499,47 @@ func testWeightedGateRepaired(t *testing.T, b Backend) {
 		set, err := w.AcquireN(Context(t, 2*time.Second), n)
 		return err == nil && set.Release(t.Context()) == nil
 	})
+}
+
+// testWeightedAfterDelete: Delete removes the gate with its semaphore; a
+// client that made the gate before the delete makes it again when the
+// name is created anew, and weighted callers are served.
+func testWeightedAfterDelete(t *testing.T, b Backend) {
+	if b.Delete == nil {
+		t.Skip("the backend cannot delete")
+	}
+	const n = 2
+	name := uniqueName(t)
+	old := weightedOf(t, mustInit(t, b, name, n, Options{}))
+	ctx := Context(t, time.Minute)
+	set, err := old.AcquireN(ctx, n)
+	if err != nil {
+		t.Fatalf("AcquireN: %v", err)
+	}
+	if err := set.Release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if err := b.Delete(t, name, false); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	fresh := mustInit(t, b, name, n, Options{})
+	if g, err := b.Inventory(fresh).(reconciler.Gated).Gate(ctx); err != nil || g != nil {
+		t.Fatalf("the gate after Delete and Init: %v, %v; want none (deleted with its semaphore)", g, err)
+	}
+	if infos, err := b.List(t); err != nil {
+		t.Fatalf("list: %v", err)
+	} else {
+		for _, info := range infos {
+			if strings.Contains(info.Name, name) && info.Name != name {
+				t.Errorf("List shows %q beside %q", info.Name, name)
+			}
+		}
+	}
+	set, err = old.AcquireN(ctx, n)
+	if err != nil {
+		t.Fatalf("AcquireN on a client older than the delete: %v", err)
+	}
+	if err := set.Release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
 }

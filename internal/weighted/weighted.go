@@ -39,8 +39,11 @@ func IsGate(name string) bool { return strings.HasPrefix(name, gatePrefix) }
 type Source struct {
 	// Sem is the semaphore whose permits are gathered.
 	Sem tokensem.Semaphore
-	// Gate returns the semaphore's gate, creating it on first use.
-	Gate func(ctx context.Context) (tokensem.Semaphore, error)
+	// Gate returns the semaphore's gate, creating it on first use. A
+	// non-nil stale is a gate that answered ErrNotInitialized (deleted with
+	// its semaphore, which was then made again): Gate forgets it and makes
+	// the gate afresh, if the semaphore itself exists.
+	Gate func(ctx context.Context, stale tokensem.Semaphore) (tokensem.Semaphore, error)
 	// Permits returns the semaphore's permit count, re-read from the broker
 	// when the copy at hand may be stale: a resize can shrink it while a
 	// gatherer waits.
@@ -80,16 +83,28 @@ func Acquire(ctx context.Context, src Source, k int) (*tokensem.PermitSet, error
 		}
 		return tokensem.NewPermitSet(p), nil
 	}
-	gate, err := src.Gate(ctx)
+	gate, err := src.Gate(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
+	refreshed := false
 	for {
 		g, err := gate.Acquire(ctx)
+		if errors.Is(err, tokensem.ErrNotInitialized) && !refreshed {
+			refreshed = true
+			if gate, err = src.Gate(ctx, gate); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		permits, err := src.gather(ctx, g, k)
+		var set *tokensem.PermitSet
+		if err == nil {
+			set = tokensem.NewPermitSet(permits...) // watched before the gate goes
+		}
 		release(g)
 		switch {
 		case errors.Is(err, errStartOver):
@@ -97,7 +112,7 @@ func Acquire(ctx context.Context, src Source, k int) (*tokensem.PermitSet, error
 		case err != nil:
 			return nil, err
 		}
-		return tokensem.NewPermitSet(permits...), nil
+		return set, nil
 	}
 }
 
@@ -185,11 +200,17 @@ func TryAcquire(ctx context.Context, src Source, k int) (*tokensem.PermitSet, er
 		}
 		return tokensem.NewPermitSet(p), nil
 	}
-	gate, err := src.Gate(ctx)
+	gate, err := src.Gate(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	g, err := gate.TryAcquire(ctx)
+	if errors.Is(err, tokensem.ErrNotInitialized) {
+		if gate, err = src.Gate(ctx, gate); err != nil {
+			return nil, err
+		}
+		g, err = gate.TryAcquire(ctx)
+	}
 	if errors.Is(err, tokensem.ErrNoPermit) {
 		return nil, fmt.Errorf("%w: another caller is gathering permits", tokensem.ErrNoPermit)
 	}
