@@ -2,7 +2,6 @@ package natssem
 
 import (
 	"context"
-	"errors"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/weighted"
@@ -25,43 +24,38 @@ var (
 // Errors: those of Acquire, tokensem.ErrInvalidPermits (k < 1) and
 // tokensem.ErrWeightExceedsPermits (k above the permits).
 func (s *Semaphore) AcquireN(ctx context.Context, k int) (*tokensem.PermitSet, error) {
-	return weighted.Acquire(ctx, s.weightedSource(), k)
+	return s.gatherer().Acquire(ctx, k)
 }
 
 // TryAcquireN takes k free permits now, or none: it returns
 // tokensem.ErrNoPermit at once when fewer are free or another caller is
 // gathering permits. Other errors are those of AcquireN.
 func (s *Semaphore) TryAcquireN(ctx context.Context, k int) (*tokensem.PermitSet, error) {
-	return weighted.TryAcquire(ctx, s.weightedSource(), k)
+	return s.gatherer().TryAcquire(ctx, k)
 }
 
-func (s *Semaphore) weightedSource() weighted.Source {
-	return weighted.Source{
-		Sem:  s,
-		Gate: s.gate,
+// gatherer is the semaphore as the weighted gatherer sees it.
+func (s *Semaphore) gatherer() weighted.Host[*Semaphore] {
+	return weighted.Host[*Semaphore]{
+		Sem:   s,
+		Gates: &s.gates,
+		Done:  s.done,
 		Permits: func(ctx context.Context) (int, error) {
 			cfg, err := s.freshConfig(ctx)
 			return cfg.Permits, err
 		},
+		Exists: func(ctx context.Context) error {
+			_, err := s.refreshConfig(ctx)
+			return err
+		},
+		MakeGate: func(ctx context.Context) (*Semaphore, error) {
+			return initSemaphore(ctx, s.nc, weighted.GateName(s.name), 1, s.gateOptions())
+		},
+		OpenGate: func(ctx context.Context) (*Semaphore, error) {
+			return openSemaphore(ctx, s.nc, weighted.GateName(s.name), s.gateOptions())
+		},
+		Inventory: func(g *Semaphore) reconciler.Inventory { return g.Inventory() },
 	}
-}
-
-// gate returns the gate of the semaphore, creating it (Init) on first use;
-// a stale gate is forgotten and made again if the semaphore exists.
-func (s *Semaphore) gate(ctx context.Context, stale tokensem.Semaphore) (tokensem.Semaphore, error) {
-	if stale != nil {
-		s.gates.Forget(stale)
-		if _, err := s.refreshConfig(ctx); err != nil {
-			return nil, err
-		}
-	}
-	g, err := s.gates.Get(ctx, s.done, func(ctx context.Context) (*Semaphore, error) {
-		return initSemaphore(ctx, s.nc, weighted.GateName(s.name), 1, s.gateOptions())
-	})
-	if err != nil {
-		return nil, err
-	}
-	return g, nil
 }
 
 // gateOptions are the options of the gate: the semaphore's, with its
@@ -82,15 +76,5 @@ func (s *Semaphore) gateOptions() options {
 // if no weighted caller ever made one: reconciler.Run repairs it after the
 // semaphore.
 func (inv *Inventory) Gate(ctx context.Context) (reconciler.Inventory, error) {
-	s := inv.s
-	g, err := s.gates.Get(ctx, s.done, func(ctx context.Context) (*Semaphore, error) {
-		return openSemaphore(ctx, s.nc, weighted.GateName(s.name), s.gateOptions())
-	})
-	switch {
-	case errors.Is(err, tokensem.ErrNotInitialized):
-		return nil, nil
-	case err != nil:
-		return nil, err
-	}
-	return g.Inventory(), nil
+	return inv.s.gatherer().GateInventory(ctx)
 }

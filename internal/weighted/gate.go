@@ -64,7 +64,7 @@ func (c *Gate[T]) Get(ctx context.Context, done <-chan struct{}, make func(conte
 	return g, nil
 }
 
-// Forget closes and drops the gate if it is stale (see Source.Gate).
+// Forget closes and drops the gate if it is stale (see Host.gate).
 func (c *Gate[T]) Forget(stale tokensem.Semaphore) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // gatePrefix starts the name of every gate. No semaphore name can start
@@ -35,30 +36,38 @@ func GateName(name string) string { return gatePrefix + name }
 // IsGate reports whether name is a gate's name.
 func IsGate(name string) bool { return strings.HasPrefix(name, gatePrefix) }
 
-// Source is what a backend gives the gatherer.
-type Source struct {
+// Host is what a backend semaphore of type T gives the gatherer; its
+// AcquireN, TryAcquireN and its inventory's Gate call the methods below.
+type Host[T tokensem.Semaphore] struct {
 	// Sem is the semaphore whose permits are gathered.
-	Sem tokensem.Semaphore
-	// Gate returns the semaphore's gate, creating it on first use. A
-	// non-nil stale is a gate that answered ErrNotInitialized (deleted with
-	// its semaphore, which was then made again): Gate forgets it and makes
-	// the gate afresh, if the semaphore itself exists.
-	Gate func(ctx context.Context, stale tokensem.Semaphore) (tokensem.Semaphore, error)
-	// Permits returns the semaphore's permit count, re-read from the broker
-	// when the copy at hand may be stale: a resize can shrink it while a
-	// gatherer waits.
+	Sem T
+	// Gates holds the semaphore's gate once made or opened.
+	Gates *Gate[T]
+	// Done is closed by the semaphore's Close.
+	Done <-chan struct{}
+	// Permits returns the permit count, re-read from the broker when the
+	// copy at hand may be stale: a resize can shrink it while a gatherer
+	// waits.
 	Permits func(ctx context.Context) (int, error)
+	// Exists re-reads the semaphore's configuration, failing (with
+	// tokensem.ErrNotInitialized) when the semaphore is gone.
+	Exists func(ctx context.Context) error
+	// MakeGate creates the gate (Init, idempotent); OpenGate opens it,
+	// returning tokensem.ErrNotInitialized when there is none.
+	MakeGate, OpenGate func(ctx context.Context) (T, error)
+	// Inventory returns a gate's inventory for the reconciler.
+	Inventory func(T) reconciler.Inventory
 }
 
 // recheckEvery is how often a waiting gatherer re-reads the permit count.
 const recheckEvery = time.Second
 
 // check validates k against the permit count.
-func (src Source) check(ctx context.Context, k int) error {
+func (h Host[T]) check(ctx context.Context, k int) error {
 	if k < 1 {
 		return fmt.Errorf("%w: weight %d (want at least 1)", tokensem.ErrInvalidPermits, k)
 	}
-	n, err := src.Permits(ctx)
+	n, err := h.Permits(ctx)
 	if err != nil {
 		return err
 	}
@@ -68,39 +77,87 @@ func (src Source) check(ctx context.Context, k int) error {
 	return nil
 }
 
-// Acquire gathers k permits of src.Sem, waiting until ctx ends.
-func Acquire(ctx context.Context, src Source, k int) (*tokensem.PermitSet, error) {
+// gate returns the gate, made on first use. A non-nil stale is a gate that
+// answered ErrNotInitialized (deleted with its semaphore, which was then
+// made again): it is forgotten and the gate made afresh, if the semaphore
+// itself exists.
+func (h Host[T]) gate(ctx context.Context, stale tokensem.Semaphore) (tokensem.Semaphore, error) {
+	if stale != nil {
+		h.Gates.Forget(stale)
+		if err := h.Exists(ctx); err != nil {
+			return nil, err
+		}
+	}
+	g, err := h.Gates.Get(ctx, h.Done, h.MakeGate)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// GateInventory returns the inventory of the gate, or nil when no weighted
+// caller ever made one.
+func (h Host[T]) GateInventory(ctx context.Context) (reconciler.Inventory, error) {
+	g, err := h.Gates.Get(ctx, h.Done, h.OpenGate)
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return h.Inventory(g), nil
+}
+
+// Acquire gathers k permits, waiting until ctx ends.
+func (h Host[T]) Acquire(ctx context.Context, k int) (*tokensem.PermitSet, error) {
+	return h.take(ctx, k, false)
+}
+
+// TryAcquire takes k free permits now, or none.
+func (h Host[T]) TryAcquire(ctx context.Context, k int) (*tokensem.PermitSet, error) {
+	return h.take(ctx, k, true)
+}
+
+// take is Acquire (try false) or TryAcquire.
+func (h Host[T]) take(ctx context.Context, k int, try bool) (*tokensem.PermitSet, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := src.check(ctx, k); err != nil {
+	if err := h.check(ctx, k); err != nil {
 		return nil, err
 	}
 	if k == 1 {
-		p, err := src.Sem.Acquire(ctx)
+		p, err := acquireOne(ctx, h.Sem, try)
 		if err != nil {
 			return nil, err
 		}
 		return tokensem.NewPermitSet(p), nil
 	}
-	gate, err := src.Gate(ctx, nil)
+	gate, err := h.gate(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	refreshed := false
 	for {
-		g, err := gate.Acquire(ctx)
-		if errors.Is(err, tokensem.ErrNotInitialized) && !refreshed {
+		g, err := acquireOne(ctx, gate, try)
+		switch {
+		case errors.Is(err, tokensem.ErrNotInitialized) && !refreshed:
 			refreshed = true
-			if gate, err = src.Gate(ctx, gate); err != nil {
+			if gate, err = h.gate(ctx, gate); err != nil {
 				return nil, err
 			}
 			continue
-		}
-		if err != nil {
+		case try && errors.Is(err, tokensem.ErrNoPermit):
+			return nil, fmt.Errorf("%w: another caller is gathering permits", tokensem.ErrNoPermit)
+		case err != nil:
 			return nil, err
 		}
-		permits, err := src.gather(ctx, g, k)
+		var permits []tokensem.Permit
+		if try {
+			permits, err = h.tryGather(ctx, k)
+		} else {
+			permits, err = h.gather(ctx, g, k)
+		}
 		var set *tokensem.PermitSet
 		if err == nil {
 			set = tokensem.NewPermitSet(permits...) // watched before the gate goes
@@ -116,6 +173,14 @@ func Acquire(ctx context.Context, src Source, k int) (*tokensem.PermitSet, error
 	}
 }
 
+// acquireOne is s.Acquire, or s.TryAcquire if try.
+func acquireOne(ctx context.Context, s tokensem.Semaphore, try bool) (tokensem.Permit, error) {
+	if try {
+		return s.TryAcquire(ctx)
+	}
+	return s.Acquire(ctx)
+}
+
 // errStartOver sends a gatherer back to the gate: its gate permit, or a
 // permit it had gathered, was lost while it waited for the rest.
 var errStartOver = errors.New("weighted: start over")
@@ -127,13 +192,13 @@ type result struct {
 
 // gather issues k acquires at once and waits for all of them, holding the
 // gate permit g. On any failure it hands back whatever it got.
-func (src Source) gather(ctx context.Context, g tokensem.Permit, k int) ([]tokensem.Permit, error) {
+func (h Host[T]) gather(ctx context.Context, g tokensem.Permit, k int) ([]tokensem.Permit, error) {
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	results := make(chan result, k)
 	for range k {
 		go func() {
-			p, err := src.Sem.Acquire(gctx)
+			p, err := h.Sem.Acquire(gctx)
 			results <- result{p, err}
 		}()
 	}
@@ -164,7 +229,7 @@ func (src Source) gather(ctx context.Context, g tokensem.Permit, k int) ([]token
 			g = neverDone{} // once is enough
 		case <-recheck.C:
 			if failed == nil {
-				if err := src.check(ctx, k); errors.Is(err, tokensem.ErrWeightExceedsPermits) {
+				if err := h.check(ctx, k); errors.Is(err, tokensem.ErrWeightExceedsPermits) {
 					fail(err)
 				}
 			}
@@ -185,49 +250,18 @@ func (src Source) gather(ctx context.Context, g tokensem.Permit, k int) ([]token
 	return got, nil
 }
 
-// TryAcquire takes k free permits of src.Sem now, or none.
-func TryAcquire(ctx context.Context, src Source, k int) (*tokensem.PermitSet, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if err := src.check(ctx, k); err != nil {
-		return nil, err
-	}
-	if k == 1 {
-		p, err := src.Sem.TryAcquire(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return tokensem.NewPermitSet(p), nil
-	}
-	gate, err := src.Gate(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	g, err := gate.TryAcquire(ctx)
-	if errors.Is(err, tokensem.ErrNotInitialized) {
-		if gate, err = src.Gate(ctx, gate); err != nil {
-			return nil, err
-		}
-		g, err = gate.TryAcquire(ctx)
-	}
-	if errors.Is(err, tokensem.ErrNoPermit) {
-		return nil, fmt.Errorf("%w: another caller is gathering permits", tokensem.ErrNoPermit)
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer release(g)
+// tryGather takes k free permits one after the other, or none.
+func (h Host[T]) tryGather(ctx context.Context, k int) ([]tokensem.Permit, error) {
 	got := make([]tokensem.Permit, 0, k)
 	for range k {
-		p, err := src.Sem.TryAcquire(ctx)
+		p, err := h.Sem.TryAcquire(ctx)
 		if err != nil {
 			release(got...)
 			return nil, err
 		}
 		got = append(got, p)
 	}
-	return tokensem.NewPermitSet(got...), nil
+	return got, nil
 }
 
 // release hands permits back at once, on a context of its own (the
