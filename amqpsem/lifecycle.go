@@ -50,20 +50,9 @@ func ForceDelete(ctx context.Context, c *Conn, name string) error {
 }
 
 func deleteSemaphore(ctx context.Context, c *Conn, name string, force bool) error {
-	if err := tokensem.ValidateName(name); err != nil {
-		return err
-	}
-	err := deleteNamed(ctx, c, name, force)
-	if err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
-		return err
-	}
-	// The gate of weighted callers goes too (it may outlive a delete cut
-	// short, so it is looked for even when the semaphore is gone). Its
-	// holder, if any, is gathering permits that no longer exist.
-	if gerr := deleteNamed(ctx, c, weighted.GateName(name), true); gerr != nil && !errors.Is(gerr, tokensem.ErrNotInitialized) {
-		return fmt.Errorf("%s deleted, but not its gate: %w", name, gerr)
-	}
-	return err
+	return weighted.DeleteWithGate(ctx, name, force, func(ctx context.Context, name string, force bool) error {
+		return deleteNamed(ctx, c, name, force)
+	})
 }
 
 // deleteNamed is Delete (force false) or ForceDelete of a name already

@@ -2,6 +2,8 @@ package weighted
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/tokensem/tokensem"
@@ -86,4 +88,22 @@ func (c *Gate[T]) Close() {
 		var zero T
 		c.g, c.have = zero, false
 	}
+}
+
+// DeleteWithGate deletes semaphore name with del (force: ForceDelete), then
+// its gate, force-deleted: a gatherer holding the gate has nothing left to
+// gather. The gate is looked for even when the semaphore is gone (a delete
+// cut short may have left it). It returns the semaphore's delete error.
+func DeleteWithGate(ctx context.Context, name string, force bool, del func(ctx context.Context, name string, force bool) error) error {
+	if err := tokensem.ValidateName(name); err != nil {
+		return err
+	}
+	err := del(ctx, name, force)
+	if err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
+		return err
+	}
+	if gerr := del(ctx, GateName(name), true); gerr != nil && !errors.Is(gerr, tokensem.ErrNotInitialized) {
+		return fmt.Errorf("%s deleted, but not its gate: %w", name, gerr)
+	}
+	return err
 }
