@@ -12,7 +12,6 @@ import (
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/internal/weighted"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 var (
@@ -145,52 +144,6 @@ func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
 // refreshConfig re-reads the configuration (it changes on resize).
 func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 	return s.cfg.Refresh(ctx, s.readConfig)
-}
-
-// Resize changes the number of permits, under the creation lock, and
-// repairs the token set to match (see reconciler.Run): growing issues tokens
-// for the new slots; shrinking removes the ready tokens of slots >=
-// permits, while their holders keep their permits until they release
-// (their tokens are then retired by the next acquirer). Every client admits
-// by the new count within 2 s, so admission never exceeds max(old,
-// new) and converges to the new count.
-//
-// Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
-// broker error.
-func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report, error) {
-	if err := tokensem.ValidatePermits(permits); err != nil {
-		return reconciler.Report{}, err
-	}
-	if s.isClosed() {
-		return reconciler.Report{}, tokensem.ErrClosed
-	}
-	if err := s.writePermits(ctx, permits); err != nil {
-		return reconciler.Report{}, err
-	}
-	return reconciler.Run(ctx, s.Inventory(), true)
-}
-
-func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
-	unlock, err := s.lock(ctx)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	cfg, err := s.readConfig(ctx)
-	if err != nil {
-		return err
-	}
-	if cfg.Permits == permits {
-		return nil
-	}
-	old := cfg.Permits
-	cfg.Permits, cfg.Seq = permits, cfg.Seq+1
-	if err := s.writeConfig(ctx, cfg); err != nil {
-		return err
-	}
-	s.setConfig(cfg)
-	s.log.Info("resized", "from", old, "to", permits)
-	return nil
 }
 
 // transient reports whether err is a broker failure that trying again may

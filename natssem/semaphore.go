@@ -16,7 +16,6 @@ import (
 	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 var (
@@ -322,64 +321,6 @@ const configTTL = 2 * time.Second
 // than configTTL.
 func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
 	return s.cfg.Fresh(ctx, configTTL, s.readCurrentConfig)
-}
-
-// Resize changes the number of permits and repairs the token set to match
-// (see reconciler.Run): growing issues tokens for the new slots; shrinking
-// removes the ready tokens of slots >= permits, while their holders keep
-// their permits until they release (their tokens are then retired by the
-// next acquirer). Every client admits by the new count within 2 s,
-// so admission never exceeds max(old, new) and converges to the new count.
-//
-// Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
-// broker error.
-func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report, error) {
-	if err := tokensem.ValidatePermits(permits); err != nil {
-		return reconciler.Report{}, err
-	}
-	if s.isClosed() {
-		return reconciler.Report{}, tokensem.ErrClosed
-	}
-	if err := s.writePermits(ctx, permits); err != nil {
-		return reconciler.Report{}, err
-	}
-	return reconciler.Run(ctx, s.Inventory(), true)
-}
-
-// writePermits stores the new permit count under the admin lock, so that
-// no reconcile run sees it change halfway through.
-func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
-	unlock, err := s.lock(ctx)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	for {
-		cfg, rev, err := s.readConfig(ctx)
-		if err != nil {
-			return err
-		}
-		if cfg.State == stateDeleting {
-			return fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, s.name)
-		}
-		if cfg.Permits == permits {
-			return nil
-		}
-		old := cfg.Permits
-		cfg.Permits = permits
-		rctx, cancel := s.rtt(ctx)
-		_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
-		cancel()
-		switch {
-		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
-			continue // changed meanwhile (a client of an earlier version): read again
-		case err != nil:
-			return wrapBrokerErr(err)
-		}
-		s.setConfig(cfg)
-		s.log.Info("resized", "from", old, "to", permits)
-		return nil
-	}
 }
 
 // Close makes later calls return tokensem.ErrClosed and wakes callers
