@@ -30,7 +30,10 @@ func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report,
 	if err := s.writePermits(ctx, permits); err != nil {
 		return reconciler.Report{}, err
 	}
-	return reconciler.Run(ctx, s.Inventory(), true)
+	// The semaphore only: its gate (a reconciler.Gated's) has one permit
+	// whatever N is, and a failure to look it up must not fail a resize
+	// that succeeded.
+	return reconciler.Run(ctx, struct{ reconciler.Inventory }{s.Inventory()}, true)
 }
 
 // writePermits stores the new permit count under the admin lock, so that

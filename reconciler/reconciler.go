@@ -66,8 +66,11 @@ func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 		return r, err
 	}
 	gate, err := g.Gate(ctx)
-	if err != nil || gate == nil {
-		return r, err
+	if err != nil {
+		return r, fmt.Errorf("reconciler: looking up the gate: %w", err)
+	}
+	if gate == nil {
+		return r, nil
 	}
 	gr, err := run(ctx, gate, repair)
 	if err != nil {
