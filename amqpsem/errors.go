@@ -75,6 +75,15 @@ func isCode(err error, code int) bool {
 	return errors.As(err, &ae) && ae.Code == code
 }
 
+// isConnectionLost reports whether err says the connection under a call
+// closed (the broker closed it after another call's 541, a restart, a lost
+// socket): the Conn makes it again, and the call may be retried on a new
+// channel.
+func isConnectionLost(err error) bool {
+	return errors.Is(err, amqp.ErrClosed) || errors.Is(err, net.ErrClosed) ||
+		isCode(err, amqp.ConnectionForced) || isCode(err, amqp.InternalError)
+}
+
 // isTLSFailure reports whether err is a TLS handshake that failed for its
 // content (certificates, protocol), not for the network.
 func isTLSFailure(err error) bool {

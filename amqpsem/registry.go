@@ -359,6 +359,10 @@ func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), er
 				local.Unlock()
 				return nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
 			}
+		case isConnectionLost(err):
+			// The connection closed under the declare (another call on it
+			// got a 541, say): the Conn makes it again; declare again.
+			s.log.Warn("the connection closed while declaring the lock queue; retrying", "queue", q, "err", err)
 		default:
 			local.Unlock()
 			return nil, wrapBrokerErr("taking the lock "+q, err)
