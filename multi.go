@@ -93,7 +93,7 @@ func acquireAll(ctx context.Context, sems []Semaphore, acquire func(Semaphore, c
 		set := NewPermitSet(held...)
 		// A permit taken early may have been lost while a later one was
 		// awaited: such a set is worth nothing; start over.
-		if set.Err() == nil && allHeld(held) {
+		if allHeld(held) {
 			return set, nil
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), ReleaseTimeout)

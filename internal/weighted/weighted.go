@@ -214,6 +214,7 @@ func (h Host[T]) gather(ctx context.Context, g tokensem.Permit, k int) ([]tokens
 			cancel()
 		}
 	}
+	gateLost := g.Done()
 	for received := 0; received < k; {
 		select {
 		case r := <-results:
@@ -224,9 +225,9 @@ func (h Host[T]) gather(ctx context.Context, g tokensem.Permit, k int) ([]tokens
 			default:
 				got = append(got, r.p)
 			}
-		case <-g.Done():
+		case <-gateLost:
 			fail(errStartOver)
-			g = neverDone{} // once is enough
+			gateLost = nil // once is enough
 		case <-recheck.C:
 			if failed == nil {
 				if err := h.check(ctx, k); errors.Is(err, tokensem.ErrWeightExceedsPermits) {
@@ -274,8 +275,3 @@ func release(permits ...tokensem.Permit) {
 	defer cancel()
 	_ = tokensem.NewPermitSet(permits...).Release(ctx)
 }
-
-// neverDone stands in for a gate permit whose loss was already seen.
-type neverDone struct{ tokensem.Permit }
-
-func (neverDone) Done() <-chan struct{} { return nil }
