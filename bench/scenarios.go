@@ -73,41 +73,65 @@ type ContentionResult struct {
 // Percent is the throughput as a share of the ceiling.
 func (c *ContentionResult) Percent() float64 { return 100 * c.Throughput / c.Ceiling }
 
+// openWorkers creates semaphore name with n permits and opens it once per
+// worker, each on a connection of its own, warming every client up with one
+// warm(i, sem) and its release. done closes everything and removes the
+// semaphore; it is nil when err is not.
+func openWorkers(ctx context.Context, sys System, name string, workers, n int, warm func(int, Sem) (Held, error)) (sems []Sem, done func(), err error) {
+	var closers []func()
+	done = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			done()
+			done = nil
+		}
+	}()
+	cl, err := sys.Connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, func() { _ = cl.Close() }, func() { sys.Cleanup(context.WithoutCancel(ctx), name) })
+	s0, err := cl.Init(ctx, name, n, workers)
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, func() { _ = s0.Close() })
+	sems = make([]Sem, workers)
+	for i := range sems {
+		c, err := sys.Connect(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = c.Close() })
+		if sems[i], err = c.Open(ctx, name); err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = sems[i].Close() })
+		h, err := warm(i, sems[i])
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := h.Release(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	return sems, done, nil
+}
+
 // runContention runs workers, each on a connection of its own, against one
 // semaphore of n permits for dur: acquire (timed as the wait), hold for
 // hold, release, repeat. Only acquisitions that began inside the window
 // count; the workers finish the cycle they are in when it closes.
 func runContention(ctx context.Context, sys System, name string, workers, n int, hold, dur time.Duration, precise bool) (*ContentionResult, error) {
-	cl, err := sys.Connect(ctx)
+	sems, done, err := openWorkers(ctx, sys, name, workers, n, func(_ int, s Sem) (Held, error) { return s.Acquire(ctx) })
 	if err != nil {
 		return nil, err
 	}
-	defer cl.Close()
-	defer sys.Cleanup(context.WithoutCancel(ctx), name)
-	s0, err := cl.Init(ctx, name, n, workers)
-	if err != nil {
-		return nil, err
-	}
-	defer s0.Close()
-	sems := make([]Sem, workers)
-	for i := range sems {
-		c, err := sys.Connect(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer c.Close()
-		if sems[i], err = c.Open(ctx, name); err != nil {
-			return nil, err
-		}
-		defer sems[i].Close()
-		h, err := sems[i].Acquire(ctx) // warm up each client
-		if err != nil {
-			return nil, err
-		}
-		if err := h.Release(ctx); err != nil {
-			return nil, err
-		}
-	}
+	defer done()
 
 	var m Meter
 	counts := make([]int, workers)

@@ -61,40 +61,20 @@ type WeightClass struct {
 func (r *WeightedResult) Percent() float64 { return 100 * r.Units / r.Ceiling }
 
 func runWeighted(ctx context.Context, sys System, name string, workers, n int, hold, dur time.Duration, precise bool) (*WeightedResult, error) {
-	cl, err := sys.Connect(ctx)
+	opened, done, err := openWorkers(ctx, sys, name, workers, n, func(i int, s Sem) (Held, error) {
+		w, ok := s.(weightedSem)
+		if !ok {
+			return nil, errors.ErrUnsupported
+		}
+		return w.AcquireN(ctx, weights[i%len(weights)]) // the first one makes the gate
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer cl.Close()
-	defer sys.Cleanup(context.WithoutCancel(ctx), name)
-	s0, err := cl.Init(ctx, name, n, workers)
-	if err != nil {
-		return nil, err
-	}
-	defer s0.Close()
-	if _, ok := s0.(weightedSem); !ok {
-		return nil, errors.ErrUnsupported
-	}
+	defer done()
 	sems := make([]weightedSem, workers)
-	for i := range sems {
-		c, err := sys.Connect(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer c.Close()
-		s, err := c.Open(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		defer s.Close()
+	for i, s := range opened {
 		sems[i] = s.(weightedSem)
-		h, err := sems[i].AcquireN(ctx, weights[i%len(weights)]) // warm up (the first one makes the gate)
-		if err != nil {
-			return nil, err
-		}
-		if err := h.Release(ctx); err != nil {
-			return nil, err
-		}
 	}
 
 	var m Meter
