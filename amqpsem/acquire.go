@@ -204,7 +204,7 @@ func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error)
 func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery) (*Permit, error) {
 	tok, err := s.admit(ctx, d.Body)
 	switch {
-	case errors.Is(err, errNotCurrent):
+	case errors.Is(err, reconciler.ErrNotCurrent):
 		s.log.Warn("removing an invalid token message", "reason", err)
 		_ = d.Ack(false)
 		return nil, errRetry{}
@@ -228,11 +228,11 @@ func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Deliver
 	return s.newPermit(pc, d, tok), nil
 }
 
-// admit parses and checks a delivered token against the configuration
-// (see reconciler.Admit): a token that is not a current one of this
-// semaphore is errNotCurrent.
+// admit checks a delivered token against the configuration (see
+// reconciler.Admit): a token that is not a current one of this semaphore
+// is an error wrapping reconciler.ErrNotCurrent.
 func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, error) {
-	e, err := reconciler.Admit(s.codec, s.name, body, func(fresh bool) (int, uint64, error) {
+	return reconciler.Admit(s.codec, s.name, body, func(fresh bool) (int, uint64, error) {
 		read := s.freshConfig
 		if fresh {
 			read = s.refreshConfig
@@ -240,18 +240,7 @@ func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, err
 		cfg, err := read(ctx)
 		return cfg.Permits, cfg.Epoch, err
 	})
-	switch {
-	case err != nil:
-		return tokensem.Token{}, err
-	case !e.Valid:
-		return tokensem.Token{}, fmt.Errorf("%w: %s token %s", errNotCurrent, e.Reason, e.Token)
-	}
-	return e.Token, nil
 }
-
-// errNotCurrent marks a delivery that is not a usable token of this
-// semaphore: junk, forged, of another semaphore, or retired.
-var errNotCurrent = errors.New("amqpsem: not a current token")
 
 // fence is the token's fence base (zero for tokens made by Init, a later
 // generation's for tokens the reconciler issued) plus the quorum queue's

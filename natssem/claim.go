@@ -34,7 +34,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 	seq := meta.Sequence.Stream
 	tok, err := s.admit(ctx, m.Data)
 	if err != nil {
-		if errors.Is(err, errRetired) {
+		if errors.Is(err, reconciler.ErrNotCurrent) {
 			s.discard(m, seq, err)
 			return nil, nil
 		}
@@ -153,14 +153,11 @@ func (s *Semaphore) won(ctx context.Context, m *nats.Msg, d delivery, rev uint64
 	return s.newPermit(d, rev, lease), nil
 }
 
-// errRetired marks a delivery that is not a usable token of this semaphore.
-var errRetired = errors.New("natssem: not a current token")
-
-// admit parses and checks a delivered token against the configuration
-// (see reconciler.Admit): a token that is not a current one of this
-// semaphore is errRetired.
+// admit checks a delivered token against the configuration (see
+// reconciler.Admit): a token that is not a current one of this semaphore
+// is an error wrapping reconciler.ErrNotCurrent.
 func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, error) {
-	e, err := reconciler.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
+	return reconciler.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
 		read := s.freshConfig
 		if fresh {
 			read = s.refreshConfig
@@ -168,13 +165,6 @@ func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, err
 		cfg, err := read(ctx)
 		return cfg.Permits, cfg.Epoch, err
 	})
-	switch {
-	case err != nil:
-		return tokensem.Token{}, err
-	case !e.Valid:
-		return tokensem.Token{}, fmt.Errorf("%w: %s token %s", errRetired, e.Reason, e.Token)
-	}
-	return e.Token, nil
 }
 
 // discard removes a delivery that can never be a permit (junk, forged, of

@@ -21,24 +21,15 @@ import (
 // Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
 // broker error.
 func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report, error) {
-	if err := tokensem.ValidatePermits(permits); err != nil {
-		return reconciler.Report{}, err
-	}
-	if s.isClosed() {
-		return reconciler.Report{}, tokensem.ErrClosed
-	}
-	if err := s.writePermits(ctx, permits); err != nil {
-		return reconciler.Report{}, err
-	}
-	// The semaphore only: its gate (a reconciler.Gated's) has one permit
-	// whatever N is, and a failure to look it up must not fail a resize
-	// that succeeded.
-	return reconciler.Run(ctx, struct{ reconciler.Inventory }{s.Inventory()}, true)
+	return reconciler.Resize(ctx, s.Inventory(), permits, s.writePermits)
 }
 
 // writePermits stores the new permit count under the admin lock, so that
 // no reconcile run sees it change halfway through.
 func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
+	if s.isClosed() {
+		return tokensem.ErrClosed
+	}
 	unlock, err := s.lock(ctx)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/tokensem/tokensem"
@@ -123,25 +124,33 @@ func Classify(codec tokensem.Codec, semaphore string, permits int, epoch uint64,
 	}
 }
 
-// Admit classifies a token delivered to an acquirer, as Classify does, but
+// ErrNotCurrent marks a delivered token that is not a usable token of the
+// semaphore: junk, forged, of another semaphore, or retired.
+var ErrNotCurrent = errors.New("reconciler: not a current token")
+
+// Admit checks a token delivered to an acquirer, as Classify does, but
 // checks a token that looks retired once more against a definition read
 // afresh: a resize may have grown the semaphore since the caller's copy was
 // read, and a token discarded for that would be lost. def returns the
 // semaphore's permits and epoch, re-read from the broker when fresh is
-// set.
-func Admit(codec tokensem.Codec, semaphore string, data []byte, def func(fresh bool) (permits int, epoch uint64, err error)) (Entry, error) {
+// set. It returns the token when it is a current one, an error wrapping
+// ErrNotCurrent with the reason when it is not, or def's error.
+func Admit(codec tokensem.Codec, semaphore string, data []byte, def func(fresh bool) (permits int, epoch uint64, err error)) (tokensem.Token, error) {
 	permits, epoch, err := def(false)
 	if err != nil {
-		return Entry{}, err
+		return tokensem.Token{}, err
 	}
 	e := Classify(codec, semaphore, permits, epoch, data)
-	if e.Reason != "retired" {
-		return e, nil
+	if e.Reason == "retired" {
+		if permits, epoch, err = def(true); err != nil {
+			return tokensem.Token{}, err
+		}
+		e = Classify(codec, semaphore, permits, epoch, data)
 	}
-	if permits, epoch, err = def(true); err != nil {
-		return Entry{}, err
+	if !e.Valid {
+		return tokensem.Token{}, fmt.Errorf("%w: %s token %s", ErrNotCurrent, e.Reason, e.Token)
 	}
-	return Classify(codec, semaphore, permits, epoch, data), nil
+	return e.Token, nil
 }
 
 // Summarize fills the part of a tokensem.Status that a census decides:

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tokensem/tokensem"
 )
 
 // ErrConflict is returned by Inventory.Issue when the slot changed since
@@ -79,6 +81,31 @@ func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 	r.Gate = &gr
 	r.Healthy = r.Healthy && gr.Healthy
 	return r, nil
+}
+
+// RunWithoutGate is Run for inv's semaphore alone, leaving a Gated
+// inventory's gate as it is: for runs that concern the semaphore's permits
+// only (a resize, a waiter's repair of orphaned tokens), which a failed gate
+// lookup must not fail.
+func RunWithoutGate(ctx context.Context, inv Inventory, repair bool) (Report, error) {
+	return run(ctx, inv, repair)
+}
+
+// Resize is a backend's Resize: it checks permits, has write store the new
+// count (under the backend's admin lock, so that no reconcile run sees it
+// change halfway through), and repairs the token set to match: growing
+// issues tokens for the new slots; shrinking removes the ready tokens of
+// slots >= permits, while their holders keep their permits until they
+// release. The gate, which has one permit whatever the count, is left
+// alone (RunWithoutGate).
+func Resize(ctx context.Context, inv Inventory, permits int, write func(ctx context.Context, permits int) error) (Report, error) {
+	if err := tokensem.ValidatePermits(permits); err != nil {
+		return Report{}, err
+	}
+	if err := write(ctx, permits); err != nil {
+		return Report{}, err
+	}
+	return RunWithoutGate(ctx, inv, true)
 }
 
 func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
