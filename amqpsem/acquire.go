@@ -73,6 +73,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		return nil, err
 	}
 	pause := 20 * time.Millisecond
+	oc := s.newOrphanCheck()
 	for tries := 0; ; tries++ {
 		if s.isClosed() {
 			return nil, tokensem.ErrClosed
@@ -107,7 +108,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			if noWait {
 				p, err = s.get(ctx, pc)
 			} else {
-				p, err = s.wait(ctx, pc)
+				p, err = s.wait(ctx, pc, oc)
 			}
 			return err
 		})
@@ -146,8 +147,9 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	}
 }
 
-// wait consumes the token queue until one delivery arrives.
-func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel) (*Permit, error) {
+// wait consumes the token queue until one delivery arrives, checking for
+// orphaned tokens when oc says so.
+func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck) (*Permit, error) {
 	ch := pc.ch
 	tag := "tokensem-" + tokensem.NewToken(s.name, 0, 1).ID
 	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
@@ -157,25 +159,55 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel) (*Permit, error
 		}
 		return nil, errRetry{backoff: true}
 	}
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-s.done:
-		return nil, tokensem.ErrClosed
-	case <-pc.sess.lost:
-		return nil, errRetry{}
-	case <-pc.closed:
-		return nil, errRetry{backoff: true}
-	case d, ok := <-deliveries:
-		if !ok {
-			return nil, errRetry{backoff: true}
+	// The orphan check runs beside the wait, so that a token delivered
+	// meanwhile is claimed at once; it is stopped when the wait ends.
+	var due <-chan time.Time
+	var timer *time.Timer
+	if oc.every > 0 {
+		timer = time.NewTimer(time.Until(oc.next))
+		defer timer.Stop()
+		due = timer.C
+	}
+	var checking chan struct{} // closed when the running check ends
+	cctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		if checking != nil {
+			<-checking
 		}
-		// Stop consuming first: prefetch 1 already keeps a second token
-		// away, and without a consumer a later requeue goes to others.
-		if err := ch.Cancel(tag, false); err != nil {
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.done:
+			return nil, tokensem.ErrClosed
+		case <-pc.sess.lost:
 			return nil, errRetry{}
+		case <-pc.closed:
+			return nil, errRetry{backoff: true}
+		case <-due:
+			due, checking = nil, make(chan struct{})
+			go func(done chan struct{}) {
+				defer close(done)
+				s.repairOrphans(cctx)
+			}(checking)
+		case <-checking:
+			checking = nil
+			oc.done(s.opts.orphanRepair)
+			timer.Reset(time.Until(oc.next))
+			due = timer.C
+		case d, ok := <-deliveries:
+			if !ok {
+				return nil, errRetry{backoff: true}
+			}
+			// Stop consuming first: prefetch 1 already keeps a second token
+			// away, and without a consumer a later requeue goes to others.
+			if err := ch.Cancel(tag, false); err != nil {
+				return nil, errRetry{}
+			}
+			return s.claim(ctx, pc, d)
 		}
-		return s.claim(ctx, pc, d)
 	}
 }
 

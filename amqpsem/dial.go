@@ -99,8 +99,7 @@ type address struct {
 // broker that could not be reached, ErrAuth for refused credentials, ErrTLS
 // for a failed TLS handshake.
 func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
-	c := &Conn{heartbeat: DefaultHeartbeat, log: slog.New(slog.DiscardHandler),
-		locks: make(map[string]*sync.Mutex), changed: make(chan struct{}), done: make(chan struct{})}
+	c := newConn(nil, nil, DefaultHeartbeat, slog.New(slog.DiscardHandler))
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -113,14 +112,38 @@ func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 		}
 		c.addrs = append(c.addrs, a)
 	}
+	if err := c.start(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func newConn(addrs []address, tls *tls.Config, heartbeat time.Duration, log *slog.Logger) *Conn {
+	return &Conn{addrs: addrs, tls: tls, heartbeat: heartbeat, log: log,
+		locks: make(map[string]*sync.Mutex), changed: make(chan struct{}), done: make(chan struct{})}
+}
+
+// start makes c's first connection and starts its supervisor.
+func (c *Conn) start(ctx context.Context) error {
 	s, err := c.connect(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.cur = s
 	c.wg.Add(1)
 	go c.supervise(s)
-	return c, nil
+	return nil
+}
+
+// sibling dials a second connection to c's nodes with c's settings, for
+// work that must not share c's connection (see repairOrphans). The caller
+// closes it.
+func (c *Conn) sibling(ctx context.Context) (*Conn, error) {
+	o := newConn(c.addrs, c.tls, c.heartbeat, c.log)
+	if err := o.start(ctx); err != nil {
+		return nil, err
+	}
+	return o, nil
 }
 
 // parseAddress checks one broker URL and prepares its TLS.

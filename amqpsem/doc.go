@@ -84,10 +84,15 @@
 // restarts (rabbitmq-server's open issue "Quorum queue accumulates orphaned
 // unacked messages after leader election"). AMQP shows no count of
 // unacknowledged messages; Status warns when the queue counts consumers that
-// neither hold a permit nor take the ready tokens, and a reconcile issues a
-// replacement for the missing slot meanwhile, and removes the copy as a
-// duplicate once it returns. To release the orphans, restart the node that
-// leads the token queue (rabbitmq-queues quorum_status names it).
+// neither hold a permit nor take the ready tokens. Once every other token is
+// held, such orphans would stop every waiter, so a caller of Acquire that
+// has waited WithOrphanRepair's interval (default 10 s) with no token looks
+// up every slot's claim, and if a slot has no holder it runs a repair on a
+// connection of its own, which issues a replacement for a slot that neither
+// a ready token nor a claim names; a later reconcile removes the copy as a
+// duplicate once it returns (the claim refuses it meanwhile). To release
+// the orphans, restart the node that leads the token queue (rabbitmq-queues
+// quorum_status names it).
 //
 // # Listing and deleting
 //

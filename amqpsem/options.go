@@ -23,8 +23,9 @@ const DefaultMaxHold = 25 * time.Minute
 
 type options struct {
 	semopts.Options
-	queueType string
-	maxHold   time.Duration
+	queueType    string
+	maxHold      time.Duration
+	orphanRepair time.Duration // 0: off
 }
 
 // Option configures Init and Open; invalid values make them return an error
@@ -32,7 +33,7 @@ type options struct {
 type Option func(*options) error
 
 func newOptions(opts []Option) (options, error) {
-	o := options{Options: semopts.Defaults(), queueType: Quorum, maxHold: DefaultMaxHold}
+	o := options{Options: semopts.Defaults(), queueType: Quorum, maxHold: DefaultMaxHold, orphanRepair: DefaultOrphanRepair}
 	for _, opt := range opts {
 		if opt == nil {
 			continue
@@ -86,6 +87,30 @@ func WithMaxHold(d time.Duration) Option {
 			return fmt.Errorf("%w: max hold %v (want >= 1s)", tokensem.ErrInvalidOption, d)
 		}
 		o.maxHold = d
+		return nil
+	}
+}
+
+// DefaultOrphanRepair is how long Acquire waits for a token before it
+// looks for slots whose token nobody can be given (see WithOrphanRepair).
+const DefaultOrphanRepair = 10 * time.Second
+
+// WithOrphanRepair sets how long a caller of Acquire waits with no token
+// before it checks that every slot has a holder (default
+// DefaultOrphanRepair; 0 turns the check off; else at least 1s). When some
+// slot has none and stays so, its token is lost or checked out to a
+// consumer that no longer exists, which RabbitMQ 3.10 can keep doing after
+// a queue leader's node is lost, until that leader restarts: the caller
+// then runs a repair (reconciler.Run) on a connection of its own, which
+// issues a replacement, so waiters are not stopped until an operator
+// repairs. Later checks of the same wait come at doubling intervals, up to
+// eight times d; the callers of one Semaphore check one at a time.
+func WithOrphanRepair(d time.Duration) Option {
+	return func(o *options) error {
+		if d != 0 && d < time.Second {
+			return fmt.Errorf("%w: orphan repair after %v (want 0 or >= 1s)", tokensem.ErrInvalidOption, d)
+		}
+		o.orphanRepair = d
 		return nil
 	}
 }

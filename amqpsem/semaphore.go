@@ -33,6 +33,9 @@ type Semaphore struct {
 
 	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
 
+	orphanMu sync.Mutex // held by the caller checking for orphans (repairOrphans)
+	orphanAt time.Time  // when the last check ended; guarded by orphanMu
+
 	mu     sync.Mutex
 	held   map[int]bool // slots this process holds
 	claims map[int]bool // claim queues known to exist
