@@ -339,6 +339,15 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 				res.Skipped = fmt.Sprintf("RabbitMQ at %s unreachable (%v): set RABBITMQ_URL, or start Debian's broker with `bash .ci/rabbitmq.sh`", redact.URL(cfg.amqpURL), err)
 				break
 			}
+			if cfg.has("cycle") || cfg.has("handoff") {
+				if pr, err := as.primitives(ctx, p.prims); err != nil {
+					logf("RabbitMQ primitives: %v", err)
+				} else {
+					rep.AMQPPrims = &pr
+					logf("RabbitMQ primitives: requeue+get p50 %s, push p50 %s, claim p50 %s", fmtDur(pr.GetRequeue.P50),
+						fmtDur(pr.Push.P50), fmtDur(pr.Claim.P50))
+				}
+			}
 			rep.Machine.RabbitMQ = as.Version()
 			rep.Machine.RabbitURL = redact.URL(cfg.amqpURL)
 			logf("RabbitMQ %s at %s", as.Version(), redact.URL(cfg.amqpURL))

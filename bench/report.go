@@ -38,7 +38,10 @@ type Report struct {
 	Idle    time.Duration
 	RawErr  string
 	Prims   *Primitives
-	Systems []*SystemResult
+	// AMQPPrims are RabbitMQ's primitives, timed when amqpsem ran its
+	// cycle or handoff.
+	AMQPPrims *AMQPPrimitives
+	Systems   []*SystemResult
 }
 
 // SystemResult is what one system measured; nil fields did not run.
@@ -374,6 +377,12 @@ func writeCore(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "JetStream primitives in the same run (plain nats.go): KV compare-and-set p50 %s, Nak + one-message "+
 			"pull p50 %s; a fenced cycle needs one pull and two compare-and-sets in sequence, a floor of %s = %.1f× the raw round trip.\n\n",
 			fmtDur(r.Prims.CAS.P50), fmtDur(r.Prims.NakPull.P50), fmtDur(floor), float64(floor)/float64(r.RawRTT.P50))
+	}
+	if p := r.AMQPPrims; p != nil {
+		fmt.Fprintf(w, "RabbitMQ primitives in the same run (plain amqp091, a quorum queue of one message): requeue + basic.get "+
+			"p50 %s; requeue pushed to a consumer on another channel p50 %s; exclusive consume + cancel (a claim and its end) "+
+			"p50 %s. Floors: a cycle %s (requeue + get + claim), a handoff %s (push + claim).\n\n",
+			fmtDur(p.GetRequeue.P50), fmtDur(p.Push.P50), fmtDur(p.Claim.P50), fmtDur(p.CycleFloor()), fmtDur(p.HandoffFloor()))
 	}
 }
 

@@ -108,6 +108,18 @@ func TestTargetsAgainstTheRun(t *testing.T) {
 			t.Errorf("%s: %q, want %q", k, got[k], w)
 		}
 	}
+	r.AMQPPrims = &AMQPPrimitives{GetRequeue: Summary{P50: 500 * time.Microsecond}, Claim: Summary{P50: 300 * time.Microsecond},
+		Push: Summary{P50: 400 * time.Microsecond}}
+	r.Systems[1].Handoff = &HandoffResult{Summary: Summary{N: 10, P50: 2 * time.Millisecond}} // 2.9× 700 µs
+	amqpWant := map[string]string{
+		"cycle p50 ≤ 1.5× its primitives' floor (plain amqp091, same run)":   Met, // 900/800
+		"handoff p50 ≤ 1.5× its primitives' floor (plain amqp091, same run)": Missed,
+	}
+	for _, tg := range Targets(r) {
+		if w, ok := amqpWant[tg.Goal]; ok && tg.System == "amqpsem" && tg.Status != w {
+			t.Errorf("amqpsem %s: %q, want %q", tg.Goal, tg.Status, w)
+		}
+	}
 	ns.Contention.Fair.MaxMin = 1.2
 	ns.Sems.Count = 1000
 	for _, tg := range Targets(r) {
