@@ -159,8 +159,8 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 		}
 		return nil, errRetry{backoff: true}
 	}
-	// The orphan check runs beside the wait, so that a token delivered
-	// meanwhile is claimed at once; it is stopped when the wait ends.
+	// The orphan check runs apart from the wait (startOrphanCheck), so
+	// that a token delivered meanwhile is claimed at once.
 	var due <-chan time.Time
 	var timer *time.Timer
 	if oc.every > 0 {
@@ -168,14 +168,6 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 		defer timer.Stop()
 		due = timer.C
 	}
-	var checking chan struct{} // closed when the running check ends
-	cctx, cancel := context.WithCancel(ctx)
-	defer func() {
-		cancel()
-		if checking != nil {
-			<-checking
-		}
-	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -187,16 +179,9 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 		case <-pc.closed:
 			return nil, errRetry{backoff: true}
 		case <-due:
-			due, checking = nil, make(chan struct{})
-			go func(done chan struct{}) {
-				defer close(done)
-				s.repairOrphans(cctx)
-			}(checking)
-		case <-checking:
-			checking = nil
+			s.startOrphanCheck()
 			oc.done(s.opts.orphanRepair)
 			timer.Reset(time.Until(oc.next))
-			due = timer.C
 		case d, ok := <-deliveries:
 			if !ok {
 				return nil, errRetry{backoff: true}

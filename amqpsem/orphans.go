@@ -35,6 +35,44 @@ func (oc *orphanCheck) done(first time.Duration) {
 	oc.next = time.Now().Add(oc.every)
 }
 
+// orphanCheckLimit bounds one orphan check, the repair's wait for the
+// creation lock and its census retries included.
+const orphanCheckLimit = 30 * time.Second
+
+// startOrphanCheck starts a check in a goroutine of the Semaphore's (Close
+// stops it and waits for it), unless one is running or the last ended less
+// than the interval ago. The caller does not wait for it: a token
+// delivered meanwhile must be claimed at once.
+func (s *Semaphore) startOrphanCheck() {
+	s.orphanMu.Lock()
+	defer s.orphanMu.Unlock()
+	if s.orphanRun || time.Since(s.orphanAt) < s.opts.orphanRepair || !s.track() {
+		return
+	}
+	s.orphanRun = true
+	go func() {
+		defer s.orphanWG.Done()
+		ctx, cancel := context.WithTimeout(s.life, orphanCheckLimit)
+		defer cancel()
+		s.repairOrphans(ctx)
+		s.orphanMu.Lock()
+		s.orphanRun, s.orphanAt = false, time.Now()
+		s.orphanMu.Unlock()
+	}()
+}
+
+// track counts a goroutine of the Semaphore's in orphanWG, which Close
+// waits for; it returns false once Close has been called.
+func (s *Semaphore) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.orphanWG.Add(1)
+	return true
+}
+
 // repairOrphans looks up every slot's claim; if some slot has no holder,
 // it runs a repair on a connection of its own: the census there proves a
 // slot missing only when neither a ready token nor a claim names it, twice
@@ -43,17 +81,9 @@ func (oc *orphanCheck) done(first time.Duration) {
 // claim refuses it, and the next repair removes it). The connection is
 // separate because the census takes ready tokens with basic.get, which
 // RabbitMQ answers during a queue's election by closing the connection
-// and every permit on it. One check of the Semaphore runs at a time, and
-// none sooner than the interval after the last one.
+// and every permit on it; it is closed when ctx ends, which ends every
+// call on it.
 func (s *Semaphore) repairOrphans(ctx context.Context) {
-	if !s.orphanMu.TryLock() {
-		return // another caller of this Semaphore is checking
-	}
-	defer s.orphanMu.Unlock()
-	if time.Since(s.orphanAt) < s.opts.orphanRepair {
-		return
-	}
-	defer func() { s.orphanAt = time.Now() }()
 	permits := s.config().Permits
 	all := make([]int, permits)
 	for i := range all {
@@ -72,6 +102,8 @@ func (s *Semaphore) repairOrphans(ctx context.Context) {
 		return
 	}
 	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
 	r := newSemaphoreWith(c, s.name, s.opts)
 	defer r.Close()
 	// The gate of weighted acquires has waiters of its own, which check it.
@@ -79,6 +111,8 @@ func (s *Semaphore) repairOrphans(ctx context.Context) {
 	switch {
 	case err != nil && ctx.Err() == nil:
 		s.log.Warn("orphan check: the repair failed", "err", err)
+	case err != nil:
+		s.log.Warn("orphan check: the repair did not finish in time", "limit", orphanCheckLimit, "err", err)
 	case rep.Issued > 0 || rep.Removed > 0:
 		s.log.Warn("a waiter found slots without a holder or a token and repaired them",
 			"missing", rep.Missing, "issued", rep.Issued, "duplicates", rep.Duplicates, "removed", rep.Removed)

@@ -33,8 +33,13 @@ type Semaphore struct {
 
 	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
 
-	orphanMu sync.Mutex // held by the caller checking for orphans (repairOrphans)
-	orphanAt time.Time  // when the last check ended; guarded by orphanMu
+	life context.Context // ends when Close is called: the Semaphore's own goroutines stop
+	end  context.CancelFunc
+
+	orphanMu  sync.Mutex // guards orphanRun and orphanAt (see startOrphanCheck)
+	orphanRun bool       // a check is running
+	orphanAt  time.Time  // when the last check ended
+	orphanWG  sync.WaitGroup
 
 	mu     sync.Mutex
 	held   map[int]bool // slots this process holds
@@ -177,10 +182,11 @@ func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {
 }
 
 func newSemaphoreWith(c *Conn, name string, o options) *Semaphore {
+	life, end := context.WithCancel(context.Background())
 	return &Semaphore{
 		c: c, name: name, opts: o, codec: tokensem.NewCodec(o.Key),
 		log: o.Logger.With("semaphore", name), held: make(map[int]bool), claims: make(map[int]bool),
-		done: make(chan struct{}),
+		done: make(chan struct{}), life: life, end: end,
 	}
 }
 
@@ -201,16 +207,19 @@ func (s *Semaphore) Permits() int { return s.cfg.Get().Permits }
 
 func (s *Semaphore) config() config { return s.cfg.Get() }
 
-// Close makes later calls return tokensem.ErrClosed and wakes callers
-// blocked in Acquire (they return ErrClosed). Held permits stay valid until
+// Close makes later calls return tokensem.ErrClosed, wakes callers
+// blocked in Acquire (they return ErrClosed) and stops a running orphan
+// check (see WithOrphanRepair), waiting for it. Held permits stay valid until
 // released or lost. The Conn belongs to the caller and stays open.
 func (s *Semaphore) Close() error {
+	defer s.orphanWG.Wait() // runs last: the check ends with life
 	defer s.gates.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {
 		s.closed = true
 		close(s.done)
+		s.end()
 		for _, pc := range s.idle {
 			_ = pc.ch.Close()
 		}
