@@ -47,9 +47,10 @@ func (a *amqpSystem) primitives(ctx context.Context, samples int) (AMQPPrimitive
 		return AMQPPrimitives{}, err
 	}
 	defer func() { _, _ = chA.QueueDelete(q, false, false, false) }()
-	if _, err := chA.QueueDeclare(claim, false, true, false, false, nil); err != nil {
+	if _, err := chA.QueueDeclare(claim, false, false, false, false, nil); err != nil {
 		return AMQPPrimitives{}, err
 	}
+	defer func() { _, _ = chA.QueueDelete(claim, false, false, false) }()
 	if _, err := chA.QueuePurge(q, false); err != nil {
 		return AMQPPrimitives{}, err
 	}
