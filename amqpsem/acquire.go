@@ -186,12 +186,21 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 			if !ok {
 				return nil, errRetry{backoff: true}
 			}
-			// Stop consuming first: prefetch 1 already keeps a second token
-			// away, and without a consumer a later requeue goes to others.
-			if err := ch.Cancel(tag, false); err != nil {
+			p, err := s.claim(ctx, pc, d)
+			if err != nil {
+				return nil, err // the caller closes the channel, and the consumer with it
+			}
+			// Stop consuming once the slot is claimed: prefetch 1 keeps a
+			// second token away meanwhile, and without a consumer the
+			// token's requeue at release goes to others. The cancel (a
+			// quorum queue commit) is not waited for: the broker runs a
+			// channel's commands in order, so it ends before anything the
+			// holder sends later, the release's requeue included.
+			if err := ch.Cancel(tag, true); err != nil {
+				p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %w", err))
 				return nil, errRetry{}
 			}
-			return s.claim(ctx, pc, d)
+			return p, nil
 		}
 	}
 }

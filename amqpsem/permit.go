@@ -133,11 +133,20 @@ func (p *Permit) lose(cause error) {
 // giveBack ends the slot's claim, then requeues the token (to the back of
 // the queue, behind the waiters already served). The claim goes first: a
 // waiter that received the token while the claim still existed would take
-// it for a duplicate. The channel, now idle, goes back to the pool.
+// it for a duplicate. Neither waits for the broker: it runs a channel's
+// commands in order, and a cancel on a classic queue is a call into the
+// queue's process, over before the channel reads the requeue. A round trip
+// after them (basic.qos, which the pooled channel has already) confirms
+// that the broker has both, so that a holder cut off from the broker
+// learns that it lost its permit; the next holder's token is on its way
+// meanwhile. The channel, now idle, goes back to the pool.
 func (p *Permit) giveBack() error {
-	err := p.pc.ch.Cancel(claimTag, false)
+	err := p.pc.ch.Cancel(claimTag, true)
 	if err == nil {
 		err = p.pc.ch.Reject(p.tag, true)
+	}
+	if err == nil {
+		err = p.pc.ch.Qos(1, 0, false)
 	}
 	if err != nil {
 		_ = p.pc.ch.Close()
@@ -150,9 +159,9 @@ func (p *Permit) giveBack() error {
 // Release returns the token to the queue, where the broker hands it to the
 // longest waiter. A second call returns tokensem.ErrReleased; after a loss
 // it returns the loss and touches nothing. ctx is not used: the release is
-// one round trip (the claim's cancel) and a one-way reject, bounded by the
-// connection's heartbeat, and a connection that fails meanwhile requeues
-// the token anyway.
+// two one-way commands (the claim's cancel and the reject) and one round
+// trip that confirms them, bounded by the connection's heartbeat, and a
+// connection that fails meanwhile requeues the token anyway.
 //
 // Errors: tokensem.ErrReleased, an error wrapping tokensem.ErrLeaseLost.
 func (p *Permit) Release(ctx context.Context) error {
