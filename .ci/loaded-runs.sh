@@ -22,7 +22,7 @@ pass=0
 for i in $(seq 1 "$n"); do
 	start=$(date +%s)
 	log=${TMPDIR:-/tmp}/loaded-run-$i.log
-	go test -race -count=1 -v ./chaos/ ./cmd/seminit/ >"$log" 2>&1
+	go test -race -count=1 -timeout 20m -v ./chaos/ ./cmd/seminit/ >"$log" 2>&1
 	rc=$?
 	[ $rc -eq 0 ] && pass=$((pass + 1))
 	echo "run $i: exit $rc in $(($(date +%s) - start))s; $(grep -E '^(ok|FAIL)' "$log" | tr '\n' ' ')"
