@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/weighted"
 )
 
@@ -63,14 +64,8 @@ func deleteNamed(ctx context.Context, c *Conn, name string, force bool) error {
 		return err
 	}
 	defer s.Close()
-	// A try whose delete landed unanswered leaves nothing for the next
-	// one to find: that is success, not ErrNotInitialized.
-	removed := false
-	err = s.retry(ctx, "delete", func() error { return s.delete(ctx, force, &removed) })
-	if removed && errors.Is(err, tokensem.ErrNotInitialized) {
-		return nil
-	}
-	return err
+	return backoff.Removal(func(step func() error) error { return s.retry(ctx, "delete", step) },
+		tokensem.ErrNotInitialized, func(removed *bool) error { return s.delete(ctx, force, removed) })
 }
 
 func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {

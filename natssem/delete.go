@@ -88,14 +88,8 @@ func deleteNamed(ctx context.Context, nc *nats.Conn, name string, force bool) er
 	if err != nil {
 		return err
 	}
-	// A try whose delete landed unanswered leaves nothing for the next
-	// one to find: that is success, not ErrNotInitialized.
-	removed := false
-	err = s.retry(ctx, "delete", func() error { return s.delete(ctx, force, &removed) })
-	if removed && errors.Is(err, tokensem.ErrNotInitialized) {
-		return nil
-	}
-	return err
+	return backoff.Removal(func(step func() error) error { return s.retry(ctx, "delete", step) },
+		tokensem.ErrNotInitialized, func(removed *bool) error { return s.delete(ctx, force, removed) })
 }
 
 func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {

@@ -5,6 +5,7 @@ package backoff
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -67,4 +68,17 @@ func Retry(ctx context.Context, b Backoff, stop <-chan struct{}, retryable func(
 			return err
 		}
 	}
+}
+
+// Removal runs a removal through retry (a backend's Retry): a try whose
+// removal landed although its answer was lost leaves nothing for the next
+// try to find, so a later try that fails with gone (the backend's "does
+// not exist") is a success, not an error.
+func Removal(retry func(step func() error) error, gone error, remove func(removed *bool) error) error {
+	removed := false
+	err := retry(func() error { return remove(&removed) })
+	if removed && errors.Is(err, gone) {
+		return nil
+	}
+	return err
 }
