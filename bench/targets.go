@@ -72,8 +72,9 @@ func Targets(r *Report) []Target {
 			got = fmtDur(as.Cycle.P50) + " (p99 " + fmtDur(as.Cycle.P99) + ")"
 		}
 		add(as.Label, "1-client cycle p50 ≤ 1 ms", ran && as.Cycle.P50 <= time.Millisecond, ran, got,
-			fmt.Sprintf("a cycle is a basic.get, a claim (exclusive consumer) and a requeue, and the quorum queue commits each "+
-				"through Raft (basic.get alone measured 637 µs on this machine); machine CPU %s busy meanwhile", pctOf(as.Cycle, nil)))
+			fmt.Sprintf("a cycle is a consume (its consume-ok), the push of the ready token, a claim (exclusive consumer), and "+
+				"a release whose requeue is confirmed by a round trip; the quorum queue commits the consume, the push and the "+
+				"requeue through Raft (see the primitives' floor below); machine CPU %s busy meanwhile", pctOf(as.Cycle, nil)))
 		addHandoff(&ts, as, 2*time.Millisecond, 0,
 			"the token is requeued through the quorum queue (a Raft commit) before the broker pushes it to the next consumer, which then claims its slot")
 		addCeiling(&ts, as, 40, 2*time.Millisecond)
@@ -310,8 +311,9 @@ func addAMQPFloor(ts *[]Target, s *SystemResult, p *AMQPPrimitives) {
 			t.Status = Met
 			if ratio > 1.5 {
 				t.Status = Missed
-				t.Why = "amqpsem's waiter consumes (consume-ok), cancels its consumer on delivery and then claims, and its " +
-					"release ends the claim with a round trip before the requeue: round trips the floor does not have"
+				t.Why = "amqpsem's Acquire consumes rather than gets (a basic.get on a quorum queue electing a leader closes " +
+					"the whole connection), which adds the consume's round trip and the consumer's cancel, and its Release " +
+					"confirms the requeue with a round trip; machine CPU " + pctOf(nil, s.Handoff) + " busy during the handoffs"
 			}
 		}
 		*ts = append(*ts, t)
