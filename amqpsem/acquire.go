@@ -172,7 +172,7 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-s.done:
+		case <-s.life.Done():
 			return nil, tokensem.ErrClosed
 		case <-pc.sess.lost:
 			return nil, errRetry{}

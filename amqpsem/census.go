@@ -273,11 +273,7 @@ const fullClaimCensus = 128
 // tell.
 func (s *Semaphore) unaccounted(ready [][]byte, cfg config) []int {
 	if cfg.Permits <= fullClaimCensus {
-		all := make([]int, cfg.Permits)
-		for i := range all {
-			all[i] = i
-		}
-		return all
+		return allSlots(cfg.Permits)
 	}
 	seen := make([]bool, cfg.Permits)
 	for _, b := range ready {
@@ -330,4 +326,13 @@ func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
 		c.Waiting = max(0, c.Waiting-c.Held)
 	}
 	return c, nil
+}
+
+// allSlots returns the slot indices 0 to permits-1.
+func allSlots(permits int) []int {
+	all := make([]int, permits)
+	for i := range all {
+		all[i] = i
+	}
+	return all
 }

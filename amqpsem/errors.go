@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/tokensem/tokensem"
 )
 

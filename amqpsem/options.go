@@ -101,7 +101,7 @@ const DefaultOrphanRepair = 10 * time.Second
 // slot has none and stays so, its token is lost or checked out to a
 // consumer that no longer exists, which RabbitMQ 3.10 can keep doing after
 // a queue leader's node is lost, until that leader restarts: the caller
-// then runs a repair (reconciler.Run) on a connection of its own, which
+// then runs a repair (reconciler.RunWithoutGate) on a connection of its own, which
 // issues a replacement, so waiters are not stopped until an operator
 // repairs. Later checks of the same wait come at doubling intervals, up to
 // eight times d; the callers of one Semaphore check one at a time.

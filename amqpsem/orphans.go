@@ -85,11 +85,7 @@ func (s *Semaphore) track() bool {
 // call on it.
 func (s *Semaphore) repairOrphans(ctx context.Context) {
 	permits := s.config().Permits
-	all := make([]int, permits)
-	for i := range all {
-		all[i] = i
-	}
-	held, err := s.readClaims(ctx, all)
+	held, err := s.readClaims(ctx, allSlots(permits))
 	if err != nil || len(held) == permits {
 		if err != nil && ctx.Err() == nil {
 			s.log.Debug("orphan check: reading the claims failed", "err", err)

@@ -6,32 +6,22 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
-// orphan takes one token of semaphore n on a raw connection and keeps it
+// orphan takes one token of semaphore n on a raw channel and keeps it
 // unacknowledged without claiming its slot, as RabbitMQ 3.10 keeps the
 // token of a consumer on a lost node after a queue leader's loss. The
-// returned func closes the connection, which returns the token.
+// returned func closes the channel, which returns the token.
 func orphan(t *testing.T, n string) (giveBack func()) {
 	t.Helper()
-	conn, err := amqp.Dial(broker.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := rawChannel(t)
 	if _, ok, err := ch.Get(amqpsem.QueueName(n), false); err != nil || !ok {
 		t.Fatalf("taking a token to orphan it: ok %v, %v", ok, err)
 	}
-	return func() { _ = conn.Close() }
+	return func() { _ = ch.Close() }
 }
 
 func openAMQP(t *testing.T, n string, opts ...amqpsem.Option) *amqpsem.Semaphore {

@@ -16,20 +16,13 @@ import (
 // than that, List missed the newest semaphores. Here 2,100 old junk
 // entries (which List drops) stand before a new semaphore's.
 func TestListPastTwoThousandEntries(t *testing.T) {
-	conn, err := amqp.Dial(broker.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := rawChannel(t)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
 	old := time.Now().Add(-time.Hour)
 	var last *amqp.DeferredConfirmation
+	var err error
 	for range 2100 {
 		if last, err = ch.PublishWithDeferredConfirmWithContext(t.Context(), "", "tokensem..registry", true, false,
 			amqp.Publishing{DeliveryMode: amqp.Persistent, Timestamp: old, Body: []byte(`{"name":""}`)}); err != nil {

@@ -33,7 +33,9 @@ type Semaphore struct {
 
 	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
 
-	life context.Context // ends when Close is called: the Semaphore's own goroutines stop
+	// life ends when Close is called: callers blocked in Acquire return
+	// ErrClosed, and the Semaphore's own goroutines stop.
+	life context.Context
 	end  context.CancelFunc
 
 	orphanMu  sync.Mutex // guards orphanRun and orphanAt (see startOrphanCheck)
@@ -46,7 +48,6 @@ type Semaphore struct {
 	claims map[int]bool // claim queues known to exist
 	idle   []*pooledChannel
 	closed bool
-	done   chan struct{}
 }
 
 // Init creates semaphore name with permits tokens, or opens it if it already
@@ -166,7 +167,7 @@ func transient(err error) bool {
 // that fails a request for a while (a quorum queue electing a leader
 // answers basic.get with 541 and closes the connection) is waited out.
 func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
-	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.done, transient,
+	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), transient,
 		func(err error) { s.log.Warn(what+": the broker failed; retrying", "err", err) }, step)
 }
 
@@ -186,7 +187,7 @@ func newSemaphoreWith(c *Conn, name string, o options) *Semaphore {
 	return &Semaphore{
 		c: c, name: name, opts: o, codec: tokensem.NewCodec(o.Key),
 		log: o.Logger.With("semaphore", name), held: make(map[int]bool), claims: make(map[int]bool),
-		done: make(chan struct{}), life: life, end: end,
+		life: life, end: end,
 	}
 }
 
@@ -218,7 +219,6 @@ func (s *Semaphore) Close() error {
 	defer s.mu.Unlock()
 	if !s.closed {
 		s.closed = true
-		close(s.done)
 		s.end()
 		for _, pc := range s.idle {
 			_ = pc.ch.Close()

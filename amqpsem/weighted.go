@@ -38,7 +38,7 @@ func (s *Semaphore) gatherer() weighted.Host[*Semaphore] {
 	return weighted.Host[*Semaphore]{
 		Sem:   s,
 		Gates: &s.gates,
-		Done:  s.done,
+		Done:  s.life.Done(),
 		Permits: func(ctx context.Context) (int, error) {
 			cfg, err := s.freshConfig(ctx)
 			return cfg.Permits, err
