@@ -35,6 +35,15 @@ func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killA
 	start := time.Now()
 	workers := startExecWorkers(t, m, name, hold, perNode, via)
 	time.Sleep(killAfter)
+	res := amqpLoseNode(t, c, victim, downFor, start, m, workers)
+	amqpAfterLoss(t, c, name, permits)
+	return res
+}
+
+// amqpLoseNode SIGKILLs victim, restarts it downFor later, and waits for
+// the workers started at start, reporting to m: what they saw.
+func amqpLoseNode(t *testing.T, c *rabbittest.Cluster, victim string, downFor time.Duration, start time.Time, m *meter, workers []execWorker) nodeLossResult {
+	t.Helper()
 	killed := time.Now()
 	if err := c.Kill(victim); err != nil {
 		t.Fatal(err)
@@ -54,8 +63,6 @@ func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killA
 	}
 	res.collect(t, workers, func(i int) string { return rabbittest.Nodes[i] })
 	res.elapsed = time.Since(start)
-
-	amqpAfterLoss(t, c, name, permits)
 	return res
 }
 
@@ -133,20 +140,7 @@ func TestNodeLossAMQPHolders(t *testing.T) {
 		workers = append(workers, w)
 	}
 	time.Sleep(2 * time.Second) // the waiters queue
-	killed := time.Now()
-	if err := c.Kill("tsa"); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%v after the start: SIGKILLed tsa", time.Since(start).Round(time.Millisecond))
-	time.Sleep(10 * time.Second)
-	if err := c.Start("tsa"); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%v after the start: tsa back", time.Since(start).Round(time.Millisecond))
-
-	res := nodeLossResult{codes: map[int][]int{}, meter: m, killed: killed}
-	res.collect(t, workers, func(i int) string { return rabbittest.Nodes[i] })
-	res.elapsed = time.Since(start)
+	res := amqpLoseNode(t, c, "tsa", 10*time.Second, start, m, workers)
 	res.check(t, permits, true)
 	for node, codes := range res.codes {
 		for _, code := range codes {
