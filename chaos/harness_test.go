@@ -352,6 +352,10 @@ func (r *run) holds() []Hold {
 		switch rep.Op {
 		case "acq":
 			open[rep.Worker] = &Hold{Worker: rep.Worker, Slot: rep.Slot, Fence: rep.Fence, Call: rep.Call, Acquired: rep.At}
+		case "releasing":
+			if h := open[rep.Worker]; h != nil {
+				h.Releasing = rep.At
+			}
 		case "rel", "lost":
 			h := open[rep.Worker]
 			if h == nil {
@@ -397,7 +401,7 @@ func recoveries(holds []Hold, faults []fault) []time.Duration {
 			continue
 		}
 		for _, h := range holds {
-			if h.Worker != f.worker || h.Ended {
+			if h.Worker != f.worker || h.Ended || h.Releasing != 0 { // a release may have freed it
 				continue
 			}
 			died := max(f.begin, h.Acquired)
@@ -491,8 +495,8 @@ func logEvidence(t *testing.T, holds []Hold, faults []fault, involved []Hold) {
 	for _, in := range involved {
 		for _, h := range holds {
 			if h.Slot == in.Slot && h.Acquired > in.Acquired-window && h.Acquired < in.Acquired+window {
-				t.Logf("slot %d fence %d worker %d: call %s acquired %s end %s (ended %v, lost %v) fault %s",
-					h.Slot, h.Fence, h.Worker, ms(h.Call), ms(h.Acquired), ms(h.End), h.Ended, h.Lost, ms(h.Fault))
+				t.Logf("slot %d fence %d worker %d: call %s acquired %s releasing %s end %s (ended %v, lost %v) fault %s",
+					h.Slot, h.Fence, h.Worker, ms(h.Call), ms(h.Acquired), ms(h.Releasing), ms(h.End), h.Ended, h.Lost, ms(h.Fault))
 			}
 		}
 	}

@@ -24,6 +24,11 @@ type Hold struct {
 	// was killed while holding or releasing).
 	End   int64
 	Ended bool
+	// Releasing is the call of its Release when the holder said it was
+	// about to release (before the call), or 0. A holder killed inside
+	// Release, or between Release and its report, has Releasing but not
+	// Ended: its release may have freed the slot from then on.
+	Releasing int64
 	// Lost: the permit ended by a loss, seen at End.
 	Lost bool
 	// Fault is the earliest instant at which a fault the harness injected
@@ -38,7 +43,13 @@ type Hold struct {
 // while it ran) must have been seen before anyone else took the slot: the
 // backends promise that Done closes first.
 func (h Hold) freeAfter() int64 {
-	if h.Fault != 0 && (h.Lost || !h.Ended) {
+	switch {
+	case !h.Ended && h.Releasing != 0:
+		if h.Fault != 0 {
+			return min(h.Fault, h.Releasing)
+		}
+		return h.Releasing
+	case h.Fault != 0 && (h.Lost || !h.Ended):
 		return h.Fault
 	}
 	return h.End
@@ -60,6 +71,8 @@ func (h Hold) liveEnd() int64 {
 	switch {
 	case h.Ended:
 		return h.End
+	case h.Releasing != 0:
+		return h.Releasing // it stopped holding when it called Release
 	case h.Fault != 0:
 		return max(h.Fault, h.Acquired)
 	}

@@ -195,6 +195,24 @@ func TestCheckFaults(t *testing.T) {
 			ok:     false, violation: "while worker 7 held it", max: 2, valid: 1,
 		},
 		{
+			name: "a kill landing once a release it said it began had freed the slot",
+			holds: []Hold{
+				{Worker: 7, Slot: 0, Fence: 1, Call: 5, Acquired: 8, Releasing: 20},
+				{Worker: 1, Slot: 0, Fence: 2, Call: 10, Acquired: 25, End: 30, Ended: true},
+			},
+			faults: []fault{{worker: 7, kind: "kill", begin: 28, end: 40}},
+			fault:  28, ok: true, max: 1, valid: 1,
+		},
+		{
+			name: "a kill landing after a takeover of a holder that never said it released",
+			holds: []Hold{
+				{Worker: 7, Slot: 0, Fence: 1, Call: 5, Acquired: 8},
+				{Worker: 1, Slot: 0, Fence: 2, Call: 10, Acquired: 25, End: 30, Ended: true},
+			},
+			faults: []fault{{worker: 7, kind: "kill", begin: 28, end: 40}},
+			fault:  28, ok: false, violation: "while worker 7 held it", max: 2, valid: 1,
+		},
+		{
 			name: "a killed holder taken over before it said it held",
 			holds: []Hold{
 				{Worker: 7, Slot: 0, Fence: 1, Call: 20, Acquired: 60},

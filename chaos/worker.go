@@ -27,7 +27,7 @@ import (
 // Report is one line a worker sends the meter.
 type Report struct {
 	Worker int    `json:"w"`
-	Op     string `json:"op"` // "acq", "rel", "lost", "fail" (an Acquire that failed)
+	Op     string `json:"op"` // "acq", "releasing" (before Release), "rel", "lost", "fail" (an Acquire that failed)
 	Slot   int    `json:"slot,omitempty"`
 	Fence  uint64 `json:"fence,omitempty"`
 	Call   int64  `json:"call,omitempty"` // Acquire's call
@@ -108,6 +108,10 @@ func RunWorker() int {
 			hold.Stop()
 		}
 		end := time.Now().UnixNano()
+		// Said before the call: a kill that lands once the release took
+		// effect, before "rel" is reported, must not look like a kill of a
+		// holder (a run failed so: its slot was taken 5 ms before the kill).
+		report(Report{Op: "releasing", Slot: p.Token().Index, Fence: p.Fence(), At: end})
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		err = p.Release(rctx)
 		rcancel()

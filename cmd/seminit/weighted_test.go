@@ -62,6 +62,8 @@ type setMeter struct {
 	held     map[string]bool   // "name/slot" held now
 	fences   map[string]uint64 // last fence per "name/slot"
 	enters   int
+	children int // children inside now
+	crowd    int // most children inside at once
 	problems []string
 }
 
@@ -125,6 +127,8 @@ func (m *setMeter) enter(names, slots, fences string) []string {
 		return nil
 	}
 	m.enters++
+	m.children++
+	m.crowd = max(m.crowd, m.children)
 	var mine []string
 	for i := range n {
 		slot, err1 := strconv.Atoi(s[i])
@@ -143,6 +147,9 @@ func (m *setMeter) enter(names, slots, fences string) []string {
 		m.fences[key] = max(m.fences[key], fence)
 		m.inside[n[i]]++
 		m.max[n[i]] = max(m.max[n[i]], m.inside[n[i]])
+		if m.inside[n[i]] > m.permits[n[i]] {
+			m.problems = append(m.problems, fmt.Sprintf("%d permits of %s held at once, more than its %d", m.inside[n[i]], n[i], m.permits[n[i]]))
+		}
 		mine = append(mine, key)
 	}
 	m.changed.Broadcast()
@@ -150,6 +157,9 @@ func (m *setMeter) enter(names, slots, fences string) []string {
 }
 
 func (m *setMeter) leave(mine []string) {
+	if len(mine) > 0 {
+		m.children--
+	}
 	for _, key := range mine {
 		name, _, _ := strings.Cut(key, "/")
 		m.inside[name]--
@@ -226,8 +236,15 @@ func runExecs(t *testing.T, b broker, m *setMeter, argsOf [][]string) {
 }
 
 // TestExecWeighted: N=4, 12 concurrent seminit exec of weights 3, 2 and 1
-// never hold more than 4 permits' weight inside, reach 4, and all finish;
-// a weight above the permits exits 64 at once.
+// never hold more than 4 permits' weight inside, run side by side, and all
+// finish; a weight above the permits exits 64 at once.
+//
+// Reaching exactly 4 inside is not promised: waiters are served in order,
+// and each child stays inside until the permits are full or fillWait
+// passes, so an order like 3, 2, 3, 2, ... (a 2 cannot join a 3; a 3 cannot
+// join a 2) keeps 3 or 2 inside at a time. One loaded run in 25 drew such
+// an order (max 3 of 4, 9 fill waits). Running side by side is promised by
+// the four 1s: whoever is inside, a 1 behind it fits beside it.
 func TestExecWeighted(t *testing.T) { forEachBroker(t, testExecWeighted) }
 
 func testExecWeighted(t *testing.T, b broker) {
@@ -250,9 +267,12 @@ func testExecWeighted(t *testing.T, b broker) {
 	runExecs(t, b, m, argsOf)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	t.Logf("weight inside at most %d of %d", m.max[name], permits)
-	if m.max[name] != permits {
-		t.Errorf("weight inside reached %d, want exactly %d", m.max[name], permits)
+	t.Logf("weight inside at most %d of %d; at most %d execs inside at once", m.max[name], permits, m.crowd)
+	if m.max[name] > permits {
+		t.Errorf("weight inside reached %d, more than %d", m.max[name], permits)
+	}
+	if m.crowd < 2 {
+		t.Errorf("at most %d exec inside at once: the weighted permits were never shared", m.crowd)
 	}
 }
 
