@@ -32,7 +32,7 @@ const (
 // the given codes.
 func isAPIError(err error, codes ...jetstream.ErrorCode) bool {
 	var ae *jetstream.APIError
-	if !errors.As(err, &ae) {
+	if !errors.As(err, &ae) || ae == nil { // a nil *APIError passed as an error
 		return false
 	}
 	for _, c := range codes {

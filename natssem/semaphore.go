@@ -2,6 +2,7 @@ package natssem
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -275,18 +276,56 @@ func (s *Semaphore) bind(ctx context.Context) error {
 	return nil
 }
 
+// readConfig reads the configuration and its revision from the bucket's
+// stream leader. kv.Get would be answered by any replica (a direct get),
+// and a replica may not yet have applied a write acknowledged a moment ago:
+// on a 3-node cluster a resize's census read the count it had just
+// replaced (TestClusterResizeSeesItsWrite), and an Open through another
+// node right after an Init found it still being created. The leader has
+// applied every acknowledged write.
 func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	e, err := s.kv.Get(rctx, configKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return config{}, 0, fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
-	}
+	bucket := BucketName(s.name)
+	req := mustMarshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{"$KV." + bucket + "." + configKey})
+	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
 	if err != nil {
 		return config{}, 0, wrapBrokerErr(err)
 	}
-	cfg, err := decodeConfig(e.Value())
-	return cfg, e.Revision(), err
+	var resp struct {
+		Message *struct {
+			Header []byte `json:"hdrs"`
+			Data   []byte `json:"data"`
+			Seq    uint64 `json:"seq"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
+	}
+	notFound := fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
+	switch {
+	case isAPIError(resp.Error, jsNoMessageFound):
+		return config{}, 0, notFound
+	case resp.Error != nil:
+		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, resp.Error))
+	case resp.Message == nil:
+		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: empty answer", s.name))
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
+		}
+		// A deleted or purged key leaves a marker as its last message.
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return config{}, 0, notFound
+		}
+	}
+	cfg, err := decodeConfig(resp.Message.Data)
+	return cfg, resp.Message.Seq, err
 }
 
 // Name returns the semaphore's name.
