@@ -102,14 +102,16 @@ func TestClusterResizeReconcileExec(t *testing.T) {
 	// Every exec has exited, but a release the loaded cluster did not
 	// confirm in time (or a permit that expired as its command ended)
 	// leaves its record held until the lease (5 s) runs out; the library
-	// logs that on exec's stderr ("permit lost", logged above).
+	// logs that on exec's stderr ("permit lost", logged above). Status
+	// reads the tokens from any replica, which may lag the final resize's
+	// repair by a moment: a token it removed may still be counted.
 	var r result
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		r = c.broker(2).seminit(t, "status", "--name", name)
 		if r.code == exitOK && strings.Contains(r.stdout, "tokens 3, available 3, held 0,") && strings.Contains(r.stdout, "healthy") {
 			break
 		}
-		if !releaseWarned {
+		if r.code == exitOK && !strings.Contains(r.stdout, " held 0,") && !releaseWarned {
 			t.Fatalf("a slot is held after every exec exited, and no exec reported a failed release: %v", r)
 		}
 		if time.Now().After(deadline) {
