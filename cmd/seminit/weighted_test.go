@@ -127,8 +127,6 @@ func (m *setMeter) enter(names, slots, fences string) []string {
 		return nil
 	}
 	m.enters++
-	m.children++
-	m.crowd = max(m.crowd, m.children)
 	var mine []string
 	for i := range n {
 		slot, err1 := strconv.Atoi(s[i])
@@ -147,10 +145,11 @@ func (m *setMeter) enter(names, slots, fences string) []string {
 		m.fences[key] = max(m.fences[key], fence)
 		m.inside[n[i]]++
 		m.max[n[i]] = max(m.max[n[i]], m.inside[n[i]])
-		if m.inside[n[i]] > m.permits[n[i]] {
-			m.problems = append(m.problems, fmt.Sprintf("%d permits of %s held at once, more than its %d", m.inside[n[i]], n[i], m.permits[n[i]]))
-		}
 		mine = append(mine, key)
+	}
+	if len(mine) > 0 { // as leave counts it
+		m.children++
+		m.crowd = max(m.crowd, m.children)
 	}
 	m.changed.Broadcast()
 	return mine
