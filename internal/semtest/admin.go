@@ -111,9 +111,9 @@ func testConcurrentAdmin(t *testing.T, b Backend) {
 		}
 		t.Fatalf("after resizing to 3 and taking 3 permits: TryAcquire = %v, want ErrNoPermit", err)
 	}
-	if st := status(t, admin); st.Tokens != 3 || !st.Healthy || st.Held != 3 {
-		t.Fatalf("after resizing to 3: %+v", st)
-	}
+	settled(t, admin, "after resizing to 3", func(st tokensem.Status) bool {
+		return st.Tokens == 3 && st.Healthy && st.Held == 3
+	})
 }
 
 // testDelete: Delete refuses while a permit is held and changes nothing;
@@ -157,9 +157,9 @@ func testDelete(t *testing.T, b Backend) {
 	if err := b.Delete(t, name, false); !errors.Is(err, tokensem.ErrHeld) {
 		t.Fatalf("delete while a permit is held: err = %v, want ErrHeld", err)
 	}
-	if st := status(t, s); st.Held != 1 || st.Permits != 1 {
-		t.Fatalf("a refused delete changed the semaphore: %+v", st)
-	}
+	settled(t, s, "a refused delete changed the semaphore", func(st tokensem.Status) bool {
+		return st.Held == 1 && st.Permits == 1
+	})
 
 	if err := b.Delete(t, name, true); err != nil {
 		t.Fatalf("forced delete: %v", err)
@@ -191,9 +191,9 @@ func testDelete(t *testing.T, b Backend) {
 	}
 
 	again := mustInit(t, b, name, 3, Options{})
-	if st := status(t, again); st.Permits != 3 || st.Tokens != 3 || !st.Healthy {
-		t.Fatalf("init after delete with another count: %+v", st)
-	}
+	settled(t, again, "init after delete with another count", func(st tokensem.Status) bool {
+		return st.Permits == 3 && st.Tokens == 3 && st.Healthy
+	})
 	if err := b.Delete(t, name, false); err != nil {
 		t.Fatalf("delete with no holder: %v", err)
 	}

@@ -126,7 +126,7 @@ func testDeleteRacingInit(t *testing.T, b Backend) {
 	for range permits {
 		ps = append(ps, mustAcquire(t, s, 10*time.Second))
 	}
-	if st := status(t, s); st.Permits != permits || st.Tokens != permits || !st.Healthy || st.Held != permits {
-		t.Fatalf("after the deletes stopped, Init found %+v", st)
-	}
+	settled(t, s, "after the deletes stopped, Init found", func(st tokensem.Status) bool {
+		return st.Permits == permits && st.Tokens == permits && st.Healthy && st.Held == permits
+	})
 }

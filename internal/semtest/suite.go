@@ -130,6 +130,26 @@ func status(t testing.TB, s tokensem.Semaphore) tokensem.Status {
 	return st
 }
 
+// settled returns a status for which want holds, reading it again for up
+// to 3 s: on a replicated NATS semaphore Status reads the tokens and slot
+// records from any replica, and one may lag a write acknowledged a moment
+// ago (a released slot still held, a removed token still counted). It
+// fails the test with the last status read if want never holds.
+func settled(t testing.TB, s tokensem.Semaphore, what string, want func(tokensem.Status) bool) tokensem.Status {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		st := status(t, s)
+		if want(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %+v", what, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // drainAll takes every permit with TryAcquire and returns them; it proves
 // how many tokens are usable right now.
 func drainAll(t testing.TB, s tokensem.Semaphore, limit int) []tokensem.Permit {
@@ -159,18 +179,17 @@ func testInitOpenStatus(t *testing.T, b Backend) {
 	name := uniqueName(t)
 	mustInit(t, b, name, 3, Options{})
 	s := mustOpen(t, b, b.Addr, name, Options{})
-	st := status(t, s)
-	if st.Name != name || st.Backend != b.Name || st.Permits != 3 || st.Tokens != 3 ||
-		st.Available != 3 || st.Held != 0 || !st.Healthy || len(st.Duplicate) != 0 || len(st.Missing) != 0 || st.Invalid != 0 {
-		t.Fatalf("fresh status = %+v", st)
-	}
+	st := settled(t, s, "fresh status", func(st tokensem.Status) bool {
+		return st.Name == name && st.Backend == b.Name && st.Permits == 3 && st.Tokens == 3 &&
+			st.Available == 3 && st.Held == 0 && st.Healthy && len(st.Duplicate) == 0 && len(st.Missing) == 0 && st.Invalid == 0
+	})
 	if st.Resource == "" {
 		t.Fatalf("status names no broker resource: %+v", st)
 	}
 	p := mustAcquire(t, s, 5*time.Second)
-	if st := status(t, s); st.Held != 1 || st.Available != 2 || st.Waiting != 0 || !st.Healthy {
-		t.Fatalf("status with one holder and nobody waiting = %+v", st)
-	}
+	settled(t, s, "status with one holder and nobody waiting", func(st tokensem.Status) bool {
+		return st.Held == 1 && st.Available == 2 && st.Waiting == 0 && st.Healthy
+	})
 	mustRelease(t, p)
 	eventually(t, 5*time.Second, "permit back", func() bool { st := status(t, s); return st.Available == 3 && st.Held == 0 })
 }
@@ -196,9 +215,7 @@ func testInitIdempotentAndMismatch(t *testing.T, b Backend) {
 		}
 	}
 	s := mustInit(t, b, name, 5, Options{})
-	if st := status(t, s); st.Tokens != 5 || !st.Healthy {
-		t.Fatalf("after 5 inits: %+v", st)
-	}
+	settled(t, s, "after 5 inits", func(st tokensem.Status) bool { return st.Tokens == 5 && st.Healthy })
 	_, err := b.Init(t, b.Addr, name, 6, Options{})
 	if !errors.Is(err, tokensem.ErrPermitMismatch) {
 		t.Fatalf("init with another N: err = %v, want ErrPermitMismatch", err)
@@ -207,9 +224,9 @@ func testInitIdempotentAndMismatch(t *testing.T, b Backend) {
 	if !errors.As(err, &pm) || pm.Name != name || pm.Have != 5 || pm.Want != 6 {
 		t.Fatalf("init with another N: err = %v, want a PermitMismatchError of %s with 5 and 6", err, name)
 	}
-	if st := status(t, s); st.Tokens != 5 || !st.Healthy || st.Permits != 5 {
-		t.Fatalf("a refused init changed the semaphore: %+v", st)
-	}
+	settled(t, s, "a refused init changed the semaphore", func(st tokensem.Status) bool {
+		return st.Tokens == 5 && st.Healthy && st.Permits == 5
+	})
 }
 
 func testBadInput(t *testing.T, b Backend) {
@@ -324,10 +341,9 @@ func testAtMostN(t *testing.T, b Backend) {
 	if m.Total() != workers*rounds {
 		t.Fatalf("%d acquisitions, want %d", m.Total(), workers*rounds)
 	}
-	st := status(t, sems[0])
-	if !st.Healthy || st.Held != 0 || st.Available != n {
-		t.Fatalf("after the run: %+v", st)
-	}
+	settled(t, sems[0], "after the run", func(st tokensem.Status) bool {
+		return st.Healthy && st.Held == 0 && st.Available == n
+	})
 	t.Logf("%d acquisitions by %d workers, max concurrency %d of %d", m.Total(), workers, m.Max(), n)
 }
 
@@ -500,9 +516,9 @@ func testJunk(t *testing.T, b Backend) {
 	b.InjectRaw(t, name, nil)
 	other, _ := tokensem.Codec{}.Encode(tokensem.NewToken("some-other-semaphore", 0, 1))
 	b.InjectRaw(t, name, other)
-	if st := status(t, s); st.Invalid != 3 || st.Healthy {
-		t.Fatalf("status with junk = %+v, want 3 invalid and unhealthy", st)
-	}
+	settled(t, s, "status with junk, want 3 invalid and unhealthy", func(st tokensem.Status) bool {
+		return st.Invalid == 3 && !st.Healthy
+	})
 	var m Meter
 	for range 3 {
 		ps := drainAll(t, s, 5)
@@ -538,9 +554,7 @@ func testSigned(t *testing.T, b Backend) {
 	forged, _ := tokensem.NewCodec([]byte("attacker key 0123456789")).Encode(tokensem.NewToken(name, 0, 1))
 	b.InjectRaw(t, name, unsigned)
 	b.InjectRaw(t, name, forged)
-	if st := status(t, s); st.Invalid != 2 || st.Tokens != 3 {
-		t.Fatalf("status with forgeries = %+v", st)
-	}
+	settled(t, s, "status with forgeries", func(st tokensem.Status) bool { return st.Invalid == 2 && st.Tokens == 3 })
 	ps := drainAll(t, s, 3)
 	if len(ps) != 1 {
 		t.Fatalf("%d permits granted with one real token and two forgeries", len(ps))
