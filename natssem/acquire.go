@@ -111,9 +111,11 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					return nil, err
 				}
 				s.log.Debug("waiting pull went silent; re-issuing it")
+				testhook.NotePullReissue("silent")
 				break wait
 			case <-w.reconnected:
 				s.log.Debug("reconnected; re-issuing the waiting pull")
+				testhook.NotePullReissue("reconnected")
 				break wait
 			case m := <-w.ch:
 				timer.Reset(idle)
@@ -152,6 +154,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					return nil, tokensem.ErrNoPermit
 				case "408":
 					w.ended()
+					testhook.NotePullReissue("408 expired")
 					break wait // our pull expired: re-issue it
 				case "409":
 					w.ended()
@@ -162,6 +165,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						return nil, err
 					}
 					s.log.Debug("pull ended by the server; re-issuing it", "status", desc)
+					testhook.NotePullReissue("409 " + desc)
 					if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
 						return nil, err
 					}
@@ -183,6 +187,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						}
 						s.log.Warn("no consumer answers pulls; waiting on", "for", time.Since(unanswered).Round(time.Millisecond), "err", err)
 					}
+					testhook.NotePullReissue("503 no responders")
 					if err := pause.Wait(ctx, s.done); err != nil {
 						return nil, err
 					}
