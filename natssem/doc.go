@@ -12,7 +12,10 @@
 //
 // Acquire sends one pull request for one message; the server queues pull
 // requests and serves them strictly in order, so waiters are served FIFO
-// with no polling. A delivered token is only a candidate. JetStream matches
+// with no polling. Pull requests live on the consumer's leader only: a
+// leader change ends them (409), and their callers, like callers whose pull
+// expired or whose connection was re-established, ask again at the back of
+// the queue. A delivered token is only a candidate. JetStream matches
 // acks by stream sequence alone, so a stale holder's Nak can hand a token to
 // a third client while someone else still holds it, and its Ack can delete
 // the token. Ownership is therefore decided by the slot's lease record: a
