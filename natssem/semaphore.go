@@ -302,22 +302,25 @@ func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
 		} `json:"message"`
 		Error *jetstream.APIError `json:"error"`
 	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
+	failed := func(err error) (config, uint64, error) {
 		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return failed(err)
 	}
 	notFound := fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
 	switch {
 	case isAPIError(resp.Error, jsNoMessageFound):
 		return config{}, 0, notFound
 	case resp.Error != nil:
-		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, resp.Error))
+		return failed(resp.Error)
 	case resp.Message == nil:
-		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: empty answer", s.name))
+		return failed(errors.New("empty answer"))
 	}
 	if len(resp.Message.Header) > 0 {
 		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
 		if err != nil {
-			return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
+			return failed(err)
 		}
 		// A deleted or purged key leaves a marker as its last message.
 		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
