@@ -100,10 +100,10 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		// queue electing a leader is answered with 541, which closes the
 		// whole connection and every permit held on it (measured on
 		// 3.10.8), while a consumer just waits for the new leader. If ctx
-		// ends mid-call the channel is closed, which requeues anything it
-		// was given.
+		// ends mid-call, the call is abandoned: a permit it still makes is
+		// lost, and its channel closed, which requeues the token.
 		var p *Permit
-		err = rpc(ctx, pc.ch, func() error {
+		err = s.c.rpc(ctx, pc.ch, func() error {
 			var err error
 			if noWait {
 				p, err = s.get(ctx, pc)
@@ -111,11 +111,12 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 				p, err = s.wait(ctx, pc, oc)
 			}
 			return err
+		}, func() {
+			if p != nil {
+				p.lose(fmt.Errorf("%w: %w", errAborted, ctx.Err()))
+			}
 		})
 		if errors.Is(err, errAborted) {
-			if p != nil {
-				p.lose(err) // its channel is closed: the token went back
-			}
 			return nil, ctx.Err()
 		}
 		if p != nil {

@@ -131,10 +131,10 @@ func (s *Semaphore) readReady(ctx context.Context) ([][]byte, int, error) {
 // one: 0.64 ms each for a 10,000-token quorum queue on the 2-core
 // development machine); basic.get then takes the rest until the broker
 // answers empty, which proves no ready token was left behind.
-func (s *Semaphore) takeReady(ctx context.Context, ch *amqp.Channel) ([]amqp.Delivery, int, error) {
+func (s *Semaphore) takeReady(ctx context.Context, ch *channel) ([]amqp.Delivery, int, error) {
 	var q amqp.Queue
 	var ds []amqp.Delivery
-	err := rpc(ctx, ch, func() error {
+	err := s.c.rpc(ctx, ch, func() error {
 		var err error
 		if q, err = ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil); err != nil {
 			return err
@@ -154,7 +154,7 @@ func (s *Semaphore) takeReady(ctx context.Context, ch *amqp.Channel) ([]amqp.Del
 			}
 			ds = append(ds, d)
 		}
-	})
+	}, nil)
 	if err != nil {
 		if isCode(err, amqp.NotFound) {
 			return nil, 0, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
@@ -181,7 +181,7 @@ const (
 // streamReady consumes ready tokens, keeping them unacked, until none came
 // for a moment, then cancels the consumer; the deliveries already on their
 // way are kept too. counted is the queue's ready count at the start.
-func (s *Semaphore) streamReady(ctx context.Context, ch *amqp.Channel, counted int) ([]amqp.Delivery, error) {
+func (s *Semaphore) streamReady(ctx context.Context, ch *channel, counted int) ([]amqp.Delivery, error) {
 	// Every token stays unacked until the census ends, so the prefetch
 	// limit (at most 65535 in AMQP 0-9-1) must cover them all; if it does
 	// not, basic.get takes the rest.
@@ -230,7 +230,7 @@ stream:
 // account for otherwise.
 func (s *Semaphore) readClaims(ctx context.Context, slots []int) ([]int, error) {
 	var held []int
-	var ch *amqp.Channel
+	var ch *channel
 	defer func() {
 		if ch != nil {
 			_ = ch.Close()
@@ -244,10 +244,10 @@ func (s *Semaphore) readClaims(ctx context.Context, slots []int) ([]int, error) 
 			}
 		}
 		var q amqp.Queue
-		err := rpc(ctx, ch, func() (err error) {
+		err := s.c.rpc(ctx, ch, func() (err error) {
 			q, err = ch.QueueDeclarePassive(claimQueue(s.name, i), false, false, false, false, nil)
 			return err
-		})
+		}, nil)
 		switch {
 		case err == nil:
 			if q.Consumers > 0 {
@@ -310,10 +310,10 @@ func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
 	var q amqp.Queue
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	err = rpc(rctx, ch, func() error {
+	err = s.c.rpc(rctx, ch, func() (err error) {
 		q, err = ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil)
 		return err
-	})
+	}, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
 		return tokensem.Count{}, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))

@@ -11,7 +11,7 @@ import (
 // reused across acquires: opening a channel and setting its prefetch cost
 // two round trips.
 type pooledChannel struct {
-	ch     *amqp.Channel
+	ch     *channel
 	sess   *session
 	closed chan struct{} // closed when the channel closes
 	// claimCancelled hears the broker cancel this channel's slot claim

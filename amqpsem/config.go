@@ -155,7 +155,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		ok bool
 		q  amqp.Queue
 	)
-	err = rpc(rctx, ch, func() error {
+	err = s.c.rpc(rctx, ch, func() error {
 		if err := ch.Qos(1, 0, false); err != nil {
 			return err
 		}
@@ -180,7 +180,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		}
 		q, err = ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
 		return err
-	})
+	}, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
 		return config{}, false, s.noConfigQueue(ctx)
@@ -241,10 +241,10 @@ func (s *Semaphore) queueMessages(ctx context.Context, q string) (int, bool, err
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	var info amqp.Queue
-	err = rpc(rctx, ch, func() error {
+	err = s.c.rpc(rctx, ch, func() (err error) {
 		info, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		return err
-	})
+	}, nil)
 	switch {
 	case err == nil:
 		return info.Messages, true, nil
@@ -276,13 +276,13 @@ func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string
 	defer ch.Close()
 	q := configQueue(s.name)
 	var dc *amqp.DeferredConfirmation
-	err = rpc(ctx, ch, func() (err error) {
+	err = s.c.rpc(ctx, ch, func() (err error) {
 		if _, err := ch.QueueDeclare(q, true, false, false, false, configQueueArgs(version)); err != nil {
 			return err
 		}
 		dc, err = ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, configMessage(cfg))
 		return err
-	})
+	}, nil)
 	if err != nil {
 		return wrapBrokerErr("creating the configuration of "+s.name, err)
 	}
@@ -323,7 +323,7 @@ func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (done bool
 	}
 	defer ch.Close() // before a commit: rolls back, and the old message returns
 	q := configQueue(s.name)
-	err = rpc(ctx, ch, func() error {
+	err = s.c.rpc(ctx, ch, func() error {
 		d, ok, err := ch.Get(q, false)
 		if err != nil || !ok {
 			return err
@@ -342,7 +342,7 @@ func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (done bool
 		}
 		done = true
 		return nil
-	})
+	}, nil)
 	if err != nil {
 		return false, wrapBrokerErr("writing the configuration of "+s.name, err)
 	}

@@ -43,6 +43,7 @@ type Conn struct {
 	changed chan struct{} // closed and replaced whenever cur changes
 	done    chan struct{}
 	wg      sync.WaitGroup
+	calls   sync.WaitGroup // rpc calls under way (see rpc)
 }
 
 // session is one live AMQP connection.
@@ -243,7 +244,7 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 // channel opens a channel on the live connection. A connection that has
 // just died may still look current until its supervisor notices: opening a
 // channel on it waits for the next connection instead of failing.
-func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
+func (c *Conn) channel(ctx context.Context) (*channel, *session, error) {
 	for {
 		s, err := c.session(ctx)
 		if err != nil {
@@ -251,7 +252,7 @@ func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
 		}
 		ch, err := s.conn.Channel()
 		if err == nil {
-			return ch, s, nil
+			return &channel{Channel: ch}, s, nil
 		}
 		if !s.conn.IsClosed() && !errors.Is(err, amqp.ErrClosed) {
 			return nil, nil, wrapBrokerErr("open channel", err)
@@ -267,12 +268,12 @@ func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *session, error) {
 }
 
 // confirmChannel opens a channel in publisher-confirm mode.
-func (c *Conn) confirmChannel(ctx context.Context) (*amqp.Channel, error) {
+func (c *Conn) confirmChannel(ctx context.Context) (*channel, error) {
 	ch, _, err := c.channel(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := rpc(ctx, ch, func() error { return ch.Confirm(false) }); err != nil {
+	if err := c.rpc(ctx, ch, func() error { return ch.Confirm(false) }, nil); err != nil {
 		_ = ch.Close()
 		return nil, err
 	}
@@ -314,20 +315,9 @@ func (c *Conn) Close() error {
 	c.mu.Unlock()
 	err := s.conn.Close()
 	c.wg.Wait()
+	c.calls.Wait() // their calls return now the connection is closed
 	if errors.Is(err, amqp.ErrClosed) {
 		err = nil
-	}
-	return err
-}
-
-// rpc runs fn, whose amqp091 calls on ch take no context, and closes ch if
-// ctx ends first, which makes those calls return. It returns ctx's error in
-// that case.
-func rpc(ctx context.Context, ch *amqp.Channel, fn func() error) error {
-	stop := context.AfterFunc(ctx, func() { _ = ch.Close() })
-	err := fn()
-	if !stop() {
-		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
 	}
 	return err
 }

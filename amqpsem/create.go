@@ -38,7 +38,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config) (conf
 		return config{}, err
 	}
 	q := QueueName(s.name)
-	err = rpc(ctx, ch, func() error {
+	err = s.c.rpc(ctx, ch, func() error {
 		if _, err := ch.QueueDeclare(q, true, false, false, false, tokenQueueArgs(s.opts.queueType, sess.version)); err != nil {
 			if isCode(err, amqp.PreconditionFailed) {
 				return fmt.Errorf("queue %s exists with other settings: %w", q, err)
@@ -49,7 +49,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config) (conf
 			return err
 		}
 		return ch.Confirm(false)
-	})
+	}, nil)
 	if err != nil {
 		return config{}, wrapBrokerErr("create "+q, err)
 	}

@@ -37,8 +37,8 @@ type Inventory struct {
 	s *Semaphore
 
 	mu   sync.Mutex
-	ch   *amqp.Channel // holds the ready tokens of the latest census
-	pub  *amqp.Channel // confirm-mode channel the run issues tokens on
+	ch   *channel // holds the ready tokens of the latest census
+	pub  *channel // confirm-mode channel the run issues tokens on
 	cfg  config
 	at   time.Time // when the latest census looked up the claims
 	base uint64    // fence base of the tokens this run issues; 0 until the first
@@ -214,7 +214,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 
 // publishChannel returns the run's confirm-mode channel, opening it on the
 // first Issue (or again after a broker error closed it); unlock closes it.
-func (inv *Inventory) publishChannel(ctx context.Context) (*amqp.Channel, error) {
+func (inv *Inventory) publishChannel(ctx context.Context) (*channel, error) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	if inv.pub != nil && !inv.pub.IsClosed() {

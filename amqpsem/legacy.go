@@ -68,7 +68,7 @@ func (s *Semaphore) readLegacyConfig(ctx context.Context) (config, error) {
 		}
 		var newest config
 		found := false
-		err = rpc(rctx, ch, func() error {
+		err = s.c.rpc(rctx, ch, func() error {
 			for {
 				d, ok, err := ch.Get(legacyConfigQueue(s.name), false)
 				if err != nil || !ok {
@@ -82,7 +82,7 @@ func (s *Semaphore) readLegacyConfig(ctx context.Context) (config, error) {
 					newest, found = cfg, true
 				}
 			}
-		})
+		}, nil)
 		_ = ch.Close() // requeues every copy taken
 		switch {
 		case err != nil && isHomeNodeDown(err):

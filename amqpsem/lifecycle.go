@@ -124,13 +124,13 @@ func (s *Semaphore) closeSlots(ctx context.Context, permits int) (release func()
 	for i := range permits {
 		q := claimQueue(s.name, i)
 		rctx, cancel := s.rtt(ctx)
-		err := rpc(rctx, ch, func() error {
+		err := s.c.rpc(rctx, ch, func() error {
 			if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
 				return err
 			}
 			_, err := ch.Consume(q, "tokensem-delete-"+strconv.Itoa(i), false, true, false, false, nil)
 			return err
-		})
+		}, nil)
 		cancel()
 		switch {
 		case isCode(err, amqp.AccessRefused):
@@ -182,10 +182,10 @@ func (s *Semaphore) deleteQueue(ctx context.Context, q string) error {
 	defer ch.Close()
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	err = rpc(rctx, ch, func() error {
+	err = s.c.rpc(rctx, ch, func() error {
 		_, err := ch.QueueDelete(q, false, false, false)
 		return err
-	})
+	}, nil)
 	if err != nil && !isCode(err, amqp.NotFound) {
 		return wrapBrokerErr("delete queue "+q, err)
 	}

@@ -72,7 +72,7 @@ func (s *Semaphore) register(ctx context.Context, version string) error {
 	defer cancel()
 	body, _ := json.Marshal(registryEntry{Name: s.name})
 	var dc *amqp.DeferredConfirmation
-	err = rpc(rctx, ch, func() error {
+	err = s.c.rpc(rctx, ch, func() (err error) {
 		// Entries are requeued by every List: on 4.x the delivery limit
 		// must be off, as for the configuration queue.
 		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, configQueueArgs(version)); err != nil {
@@ -85,7 +85,7 @@ func (s *Semaphore) register(ctx context.Context, version string) error {
 			DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: time.Now(), Body: body,
 		})
 		return err
-	})
+	}, nil)
 	if err != nil {
 		return wrapBrokerErr("register "+s.name, err)
 	}
@@ -235,7 +235,7 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 	defer ch.Close() // puts back every entry not acknowledged
 	rctx, cancel := s.rtt(ctx)
 	var deliveries <-chan amqp.Delivery
-	err = rpc(rctx, ch, func() error {
+	err = s.c.rpc(rctx, ch, func() error {
 		// Every entry stays unacked until the read ends, so the prefetch
 		// must cover them all: without one, a quorum queue hands a
 		// consumer at most 2,000 (measured on 3.10.8: List missed the
@@ -247,7 +247,7 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 		var err error
 		deliveries, err = ch.Consume(registryQueue, "", false, false, false, false, nil)
 		return err
-	})
+	}, nil)
 	cancel()
 	if err != nil {
 		return wrapBrokerErr("read the registry", err)
@@ -341,10 +341,10 @@ func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), er
 			return nil, err
 		}
 		rctx, cancel := s.rtt(ctx)
-		err = rpc(rctx, ch, func() error {
+		err = s.c.rpc(rctx, ch, func() error {
 			_, err := ch.QueueDeclare(q, false, false, true, false, nil)
 			return err
-		})
+		}, nil)
 		cancel()
 		if err == nil {
 			return func() {

@@ -1,0 +1,92 @@
+package amqpsem
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+)
+
+// channel is an AMQP channel whose synchronous calls run under rpc.
+type channel struct {
+	*amqp.Channel
+	// abandoned is set when an rpc on the channel was aborted while its
+	// calls were still under way: that rpc closes the channel when they
+	// return, and nothing else may use it.
+	abandoned atomic.Bool
+}
+
+// Close closes the channel, which requeues what it was delivered and not
+// acknowledged. On a channel an aborted rpc abandoned it does nothing: the
+// rpc closes it once its calls return.
+func (ch *channel) Close() error {
+	if ch.abandoned.Load() {
+		return nil
+	}
+	return ch.Channel.Close()
+}
+
+// rpc runs fn, whose amqp091 calls on ch take no context, and returns its
+// error. If ctx ends first, rpc returns errAborted at once and abandons ch
+// to fn: fn runs on in the background until its calls return (the broker
+// answers, or the connection closes), then undo (if not nil) runs and the
+// channel is closed, which requeues anything it was delivered. The caller
+// must not read what fn writes after errAborted; undo may.
+//
+// amqp091 cannot cancel a call, and closing the channel under a call in
+// flight is not safe: the broker discards methods that reach it after
+// channel.close, the one close-ok can be taken by fn's next call, which
+// leaves the Close waiting for ever (holding a lock every later Close of
+// the channel waits on), and a method that reaches the broker after the
+// close-ok is a connection error (504) that drops every permit held on
+// the connection. So the channel is closed only once fn has returned.
+func (c *Conn) rpc(ctx context.Context, ch *channel, fn func() error, undo func()) error {
+	if ch.abandoned.Load() {
+		return fmt.Errorf("%w: the channel was abandoned by an earlier call", errAborted)
+	}
+	if ctx.Done() == nil {
+		return fn()
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", errAborted, err)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return tokensem.ErrClosed
+	}
+	c.calls.Add(1)
+	c.mu.Unlock()
+	const (
+		running = iota
+		returned
+		abandoned
+	)
+	var state atomic.Int32
+	result := make(chan error, 1)
+	go func() {
+		defer c.calls.Done()
+		err := fn()
+		if state.CompareAndSwap(running, returned) {
+			result <- err
+			return
+		}
+		if undo != nil {
+			undo()
+		}
+		_ = ch.Channel.Close()
+	}()
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		if !state.CompareAndSwap(running, abandoned) {
+			return <-result // fn returned as ctx ended: keep what it did
+		}
+		ch.abandoned.Store(true)
+		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
+	}
+}
