@@ -4,7 +4,7 @@
 # prints one line per run: the flakiness proof issue 10 asks for.
 #   bash .ci/loaded-runs.sh [N]
 # Needs the brokers up: bash .ci/rabbitmq.sh and bash .ci/rabbitmq-cluster.sh up.
-# Logs: $TMPDIR/loaded-run-I.log. Do not run .ci/run on the same machine
+# Logs: $TMPDIR/loaded-run-I.log; python3 .ci/loaded-summary.py $TMPDIR tabulates them. Do not run .ci/run on the same machine
 # meanwhile: it restarts cluster nodes the node-loss tests kill.
 set -u
 n=${1:-20}
