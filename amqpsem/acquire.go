@@ -113,10 +113,13 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			return err
 		}, func() {
 			if p != nil {
-				p.lose(fmt.Errorf("%w: %w", errAborted, ctx.Err()))
+				p.discard(fmt.Errorf("%w: %w", errAborted, ctx.Err()))
 			}
 		})
-		if errors.Is(err, errAborted) {
+		if pc.ch.abandoned.Load() {
+			// This rpc was aborted. (An errAborted from a call inside the
+			// claim, a configuration read that timed out, is a broker
+			// failure like another, retried below.)
 			return nil, ctx.Err()
 		}
 		if p != nil {
@@ -186,6 +189,9 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 		case d, ok := <-deliveries:
 			if !ok {
 				return nil, errRetry{backoff: true}
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err // the caller closes the channel: d goes back unclaimed
 			}
 			p, err := s.claim(ctx, pc, d)
 			if err != nil {

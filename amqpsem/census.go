@@ -147,13 +147,14 @@ func (s *Semaphore) takeReady(ctx context.Context, ch *channel) ([]amqp.Delivery
 				return err
 			}
 		}
-		for {
+		for ctx.Err() == nil { // once abandoned, take no more
 			d, ok, err := ch.Get(QueueName(s.name), false)
 			if err != nil || !ok {
 				return err
 			}
 			ds = append(ds, d)
 		}
+		return ctx.Err()
 	}, nil)
 	if err != nil {
 		if isCode(err, amqp.NotFound) {

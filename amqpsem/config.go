@@ -316,13 +316,14 @@ func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
 
 // writeConfigOnce is one try of writeConfig: done false and no error means
 // a reader held the message.
-func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (done bool, err error) {
+func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (bool, error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer ch.Close() // before a commit: rolls back, and the old message returns
 	q := configQueue(s.name)
+	var done bool
 	err = s.c.rpc(ctx, ch, func() error {
 		d, ok, err := ch.Get(q, false)
 		if err != nil || !ok {
@@ -336,6 +337,9 @@ func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (done bool
 		}
 		if err := d.Ack(false); err != nil {
 			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err // abandoned: the close rolls the transaction back
 		}
 		if err := ch.TxCommit(); err != nil {
 			return err

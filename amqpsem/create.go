@@ -45,6 +45,9 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config) (conf
 			}
 			return err
 		}
+		if err := ctx.Err(); err != nil {
+			return err // abandoned: the lock may have passed to another Init
+		}
 		if _, err := ch.QueuePurge(q, false); err != nil {
 			return err
 		}

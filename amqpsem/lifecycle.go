@@ -128,6 +128,9 @@ func (s *Semaphore) closeSlots(ctx context.Context, permits int) (release func()
 			if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
 				return err
 			}
+			if err := rctx.Err(); err != nil {
+				return err // abandoned: claim nothing more
+			}
 			_, err := ch.Consume(q, "tokensem-delete-"+strconv.Itoa(i), false, true, false, false, nil)
 			return err
 		}, nil)

@@ -130,6 +130,15 @@ func (p *Permit) lose(cause error) {
 	}
 }
 
+// discard ends a permit that was never handed out (its acquire was
+// abandoned): its watch stops first, so that nothing else uses the channel
+// the abandoning rpc is about to close, which requeues the token.
+func (p *Permit) discard(cause error) {
+	close(p.stop)
+	<-p.exited
+	p.lose(cause)
+}
+
 // giveBack ends the slot's claim, then requeues the token (to the back of
 // the queue, behind the waiters already served). The claim goes first: a
 // waiter that received the token while the claim still existed would take

@@ -244,6 +244,9 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 		if err := ch.Qos(min(ready+registryMargin, math.MaxUint16), 0, false); err != nil {
 			return err
 		}
+		if err := rctx.Err(); err != nil {
+			return err // abandoned: the registry's lock is no longer held
+		}
 		var err error
 		deliveries, err = ch.Consume(registryQueue, "", false, false, false, false, nil)
 		return err
