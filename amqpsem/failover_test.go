@@ -2,24 +2,23 @@ package amqpsem_test
 
 import (
 	"errors"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/faultproxy"
+	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/internal/semtest"
 )
 
-// deadAddr returns a loopback address nothing listens on.
+// deadAddr returns a loopback address nothing listens on (outside the
+// ephemeral range, so that no ":0" listener of another test gets it).
 func deadAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
 	return addr
 }
 

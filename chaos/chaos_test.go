@@ -17,6 +17,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
@@ -254,20 +255,12 @@ func TestChaosAMQP(t *testing.T) {
 }
 
 func freeAddrs(t *testing.T, n int) []string {
-	var ls []net.Listener
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
+	t.Helper()
+	addrs, err := freeport.Addrs(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return out
+	return addrs
 }
 
 func splitPort(t *testing.T, addr string) (string, int) {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -106,19 +107,13 @@ func (c *seminitCluster) start(i int) {
 		"--routes", c.routes}, c.extra...)...)
 }
 
-// freeAddrs returns n distinct loopback host:ports that were free a moment
-// ago.
+// freeAddrs returns n distinct loopback host:ports for servers (see
+// freeport).
 func freeAddrs(t testing.TB, n int) []string {
 	t.Helper()
-	var addrs []string
-	for len(addrs) < n {
-		a, err := freeAddr()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
-		}
+	addrs, err := freeport.Addrs(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return addrs
 }

@@ -28,6 +28,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 )
 
@@ -161,15 +162,8 @@ func startServer(store string) (stop func() error, err error) {
 	}
 }
 
-// freeAddr returns a loopback host:port that was free a moment ago.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := l.Addr().String()
-	return addr, l.Close()
-}
+// freeAddr returns a loopback host:port for a server (see freeport).
+func freeAddr() (string, error) { return freeport.Addr() }
 
 // meterChild is the test binary acting as `seminit exec`'s child: it
 // reports entering and leaving its critical section to the meter at addr,

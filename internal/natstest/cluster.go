@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -190,24 +191,7 @@ func (c *Cluster) StreamLeader(ctx context.Context, nc *nats.Conn, stream string
 	return 0, fmt.Errorf("natstest: stream %s led by unknown server %q", stream, info.Cluster.Leader)
 }
 
-func freeAddrs(n int) ([]string, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
-	}
-	return out, nil
-}
+func freeAddrs(n int) ([]string, error) { return freeport.Addrs(n) }
 
 func splitHostPort(addr string) (string, int, error) {
 	host, p, err := net.SplitHostPort(addr)

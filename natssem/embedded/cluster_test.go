@@ -3,10 +3,10 @@ package embedded_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
+	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -54,15 +54,14 @@ func startCluster(tb testing.TB, n int, sync embedded.SyncPolicy) []*embedded.Se
 	return nodes
 }
 
-// freeAddr returns a loopback host:port that was free a moment ago.
+// freeAddr returns a loopback host:port for a server (see freeport).
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 func TestCluster(t *testing.T) {
