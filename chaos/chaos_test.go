@@ -228,6 +228,7 @@ func TestChaosAMQP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sem.Close()
+	defer func() { _ = amqpsem.ForceDelete(semtest.Context(t, time.Minute), c, name) }()
 
 	ps := proxies(t, p.workers, b.Addr)
 	r := newRun(t, p, "amqp", "amqp", name, func(pos int) string { return b.URLVia(ps[pos].Addr()) })
@@ -321,6 +322,8 @@ func TestChaosAMQPCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sem.Close()
+	// Quorum queues left behind slow every later restart of the nodes.
+	defer func() { _ = amqpsem.ForceDelete(semtest.Context(t, time.Minute), conn, name) }()
 
 	r := newRun(t, p, "amqp-cluster", "amqp", name, func(pos int) string {
 		return c.URLsFrom(rabbittest.Nodes[pos%len(rabbittest.Nodes)])

@@ -18,6 +18,17 @@ func amqpVia(c *rabbittest.Cluster, node string) broker {
 	return b
 }
 
+// amqpInitThroughA creates a semaphore of permits through tsa (so tsa
+// leads its queues) and deletes it when the test ends: quorum queues left
+// behind slow every later restart of the nodes.
+func amqpInitThroughA(t *testing.T, c *rabbittest.Cluster, permits int) string {
+	t.Helper()
+	name := uniqueName(t)
+	amqpVia(c, "tsa").mustInit(t, name, permits)
+	t.Cleanup(func() { amqpVia(c, "tsb").seminit(t, "delete", "--name", name, "--force") })
+	return name
+}
+
 // amqpNodeLoss runs issue 17's RabbitMQ scenario on the cluster of
 // .ci/rabbitmq-cluster.sh: a semaphore of permits created through tsa (so
 // tsa leads its configuration and token queues), perNode exec workers
@@ -25,8 +36,7 @@ func amqpVia(c *rabbittest.Cluster, node string) broker {
 // workers' start and restarted downFor later.
 func amqpNodeLoss(t *testing.T, victim string, permits, perNode int, hold, killAfter, downFor time.Duration) nodeLossResult {
 	c := rabbittest.NeedCluster(t)
-	name := uniqueName(t)
-	amqpVia(c, "tsa").mustInit(t, name, permits)
+	name := amqpInitThroughA(t, c, permits)
 	m := startMeter(t, permits)
 	via := make([]broker, len(rabbittest.Nodes))
 	for i, node := range rabbittest.Nodes {
@@ -124,8 +134,7 @@ func TestNodeLossAMQPIdle(t *testing.T) {
 func TestNodeLossAMQPHolders(t *testing.T) {
 	const permits = 3
 	c := rabbittest.NeedCluster(t)
-	name := uniqueName(t)
-	amqpVia(c, "tsa").mustInit(t, name, permits)
+	name := amqpInitThroughA(t, c, permits)
 	m := startMeter(t, permits)
 	start := time.Now()
 	workers := startExecWorkers(t, m, name, 5*time.Minute, permits, []broker{amqpVia(c, "tsa")})
