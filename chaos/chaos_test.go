@@ -132,7 +132,7 @@ func TestChaosNATS(t *testing.T) {
 func TestChaosNATSCluster(t *testing.T) {
 	p := chosenProfile(t)
 	const nodes = 3
-	client, cluster := freeAddrs(t, nodes), freeAddrs(t, nodes)
+	client, cluster := freeport.Need(t, nodes), freeport.Need(t, nodes)
 	var routes []string
 	for _, a := range cluster {
 		routes = append(routes, "nats-route://"+a)
@@ -253,15 +253,6 @@ func TestChaosAMQP(t *testing.T) {
 	r.inject(kinds)
 	settle(t, r, sem, sem.Inventory())
 	r.verdict(5 * time.Second)
-}
-
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	addrs, err := freeport.Addrs(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addrs
 }
 
 func splitPort(t *testing.T, addr string) (string, int) {

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
+	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/internal/testcerts"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
@@ -78,7 +79,7 @@ func checkNoSecrets(t testing.TB, out string, secrets []string) {
 // show any of secrets.
 func startServerVerb(t *testing.T, env []string, secrets []string, args ...string) string {
 	t.Helper()
-	addr, err := freeAddr()
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ type clusterNode struct {
 // server` flags for every node, such as --sync.
 func startCluster(t testing.TB, n int, extra ...string) *seminitCluster {
 	t.Helper()
-	addrs := freeAddrs(t, 2*n)
+	addrs := freeport.Need(t, 2*n)
 	c := &seminitCluster{t: t, extra: extra}
 	var routes []string
 	for i := range n {
@@ -105,17 +105,6 @@ func (c *seminitCluster) start(i int) {
 		"--listen", strings.TrimPrefix(node.url, "nats://"), "--store", node.store,
 		"--server-name", node.name, "--cluster-listen", strings.TrimPrefix(node.route, "nats-route://"),
 		"--routes", c.routes}, c.extra...)...)
-}
-
-// freeAddrs returns n distinct loopback host:ports for servers (see
-// freeport).
-func freeAddrs(t testing.TB, n int) []string {
-	t.Helper()
-	addrs, err := freeport.Addrs(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addrs
 }
 
 // waitReady waits until node i prints its "JetStream ready" line.

@@ -107,7 +107,7 @@ func testMain(m *testing.M) int {
 // announced itself and accepts TCP connections. stop sends SIGTERM and
 // waits for a clean exit.
 func startServer(store string) (stop func() error, err error) {
-	addr, err := freeAddr()
+	addr, err := freeport.Addr()
 	if err != nil {
 		return nil, err
 	}
@@ -161,9 +161,6 @@ func startServer(store string) (stop func() error, err error) {
 		}
 	}
 }
-
-// freeAddr returns a loopback host:port for a server (see freeport).
-func freeAddr() (string, error) { return freeport.Addr() }
 
 // meterChild is the test binary acting as `seminit exec`'s child: it
 // reports entering and leaving its critical section to the meter at addr,

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tokensem/tokensem/internal/freeport"
 )
 
 // TestReconcileWatchMetrics: `reconcile --watch --metrics-listen` serves
@@ -15,7 +17,7 @@ func TestReconcileWatchMetrics(t *testing.T) { forEachBroker(t, testReconcileWat
 func testReconcileWatchMetrics(t *testing.T, b broker) {
 	name := uniqueName(t)
 	b.mustInit(t, name, 2)
-	addr, err := freeAddr()
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,11 +66,11 @@ func TestMetricsListenNeedsWatch(t *testing.T) {
 // TestServerMetrics: `seminit server --metrics-listen` serves the embedded
 // NATS server's counters.
 func TestServerMetrics(t *testing.T) {
-	listen, err := freeAddr()
+	listen, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics, err := freeAddr()
+	metrics, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}

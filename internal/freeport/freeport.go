@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 )
 
 // lowest is the lowest port handed out: above the well-known and most
@@ -87,4 +88,14 @@ func pool() (lo, hi int) {
 		return ehi + 1, 65536
 	}
 	return lowest, 65536 // the ephemeral range covers everything: no better choice
+}
+
+// Need returns n addresses as Addrs does, or ends the test.
+func Need(tb testing.TB, n int) []string {
+	tb.Helper()
+	addrs, err := Addrs(n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return addrs
 }

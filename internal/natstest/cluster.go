@@ -37,10 +37,10 @@ type Cluster struct {
 func StartCluster(ctx context.Context, n int, dir string) (*Cluster, error) {
 	c := &Cluster{name: "tokensem-test", servers: make([]*embedded.Server, n)}
 	var err error
-	if c.client, err = freeAddrs(n); err != nil {
+	if c.client, err = freeport.Addrs(n); err != nil {
 		return nil, err
 	}
-	if c.routes, err = freeAddrs(n); err != nil {
+	if c.routes, err = freeport.Addrs(n); err != nil {
 		return nil, err
 	}
 	for i := range n {
@@ -190,8 +190,6 @@ func (c *Cluster) StreamLeader(ctx context.Context, nc *nats.Conn, stream string
 	}
 	return 0, fmt.Errorf("natstest: stream %s led by unknown server %q", stream, info.Cluster.Leader)
 }
-
-func freeAddrs(n int) ([]string, error) { return freeport.Addrs(n) }
 
 func splitHostPort(addr string) (string, int, error) {
 	host, p, err := net.SplitHostPort(addr)

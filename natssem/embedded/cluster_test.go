@@ -17,7 +17,7 @@ func startCluster(tb testing.TB, n int, sync embedded.SyncPolicy) []*embedded.Se
 	tb.Helper()
 	var routes, listen, stores []string
 	for range n {
-		addr := freeAddr(tb)
+		addr := freeport.Need(tb, 1)[0]
 		listen = append(listen, addr)
 		routes = append(routes, "nats-route://"+addr)
 		stores = append(stores, tb.TempDir()) // removed after the Shutdown below
@@ -52,16 +52,6 @@ func startCluster(tb testing.TB, n int, sync embedded.SyncPolicy) []*embedded.Se
 		}
 	}
 	return nodes
-}
-
-// freeAddr returns a loopback host:port for a server (see freeport).
-func freeAddr(tb testing.TB) string {
-	tb.Helper()
-	a, err := freeport.Addr()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return a
 }
 
 func TestCluster(t *testing.T) {
