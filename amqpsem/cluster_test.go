@@ -1,6 +1,9 @@
 package amqpsem_test
 
 import (
+	"bytes"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,11 +15,16 @@ import (
 	"github.com/tokensem/tokensem/reconciler"
 )
 
-// dialNode connects to the cluster through node first, failing over to the
-// others.
-func dialNode(t *testing.T, c *rabbittest.Cluster, node string) *amqpsem.Conn {
+// dialNode connects to node alone: the test's premise is which node each
+// connection is on, and a list of nodes could fail over to another one
+// unnoticed (a holder on the node the test kills loses its permit; queues
+// declared through another node are not where the test expects them). The
+// heartbeat is the default: a killed node's connections end at once (its
+// sockets close), and a short heartbeat could drop a busy node's
+// connections on a loaded machine, which is not what the test is about.
+func dialNode(t *testing.T, c *rabbittest.Cluster, node string, opts ...amqpsem.DialOption) *amqpsem.Conn {
 	t.Helper()
-	conn, err := amqpsem.Dial(semtest.Context(t, 30*time.Second), c.URLsFrom(node), amqpsem.WithHeartbeat(time.Second))
+	conn, err := amqpsem.Dial(semtest.Context(t, 30*time.Second), c.URL(node), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +57,9 @@ func TestClusterClaimSurvivesNodeLoss(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	viaB, err := amqpsem.Open(ctx, dialNode(t, c, "tsb"), n)
+	var log logBuffer // the holder's
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	viaB, err := amqpsem.Open(ctx, dialNode(t, c, "tsb", amqpsem.WithDialLogger(logger)), n, amqpsem.WithLogger(logger))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +90,7 @@ func TestClusterClaimSurvivesNodeLoss(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("slot 0 not claimed again after its claim queue's node died: %+v, %v", q, err)
+			t.Fatalf("slot 0 not claimed again after its claim queue's node died: %+v, %v; holder: %v; its log:\n%s", q, err, held.Err(), log.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -104,4 +114,22 @@ func TestClusterClaimSurvivesNodeLoss(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatalf("release through tsb: %v", err)
 	}
+}
+
+// logBuffer collects a semaphore's log, shown when the test fails.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
