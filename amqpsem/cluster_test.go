@@ -1,9 +1,7 @@
 package amqpsem_test
 
 import (
-	"bytes"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +55,7 @@ func TestClusterClaimSurvivesNodeLoss(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var log logBuffer // the holder's
+	var log semtest.SyncBuffer // the holder's log
 	logger := slog.New(slog.NewTextHandler(&log, nil))
 	viaB, err := amqpsem.Open(ctx, dialNode(t, c, "tsb", amqpsem.WithDialLogger(logger)), n, amqpsem.WithLogger(logger))
 	if err != nil {
@@ -114,22 +112,4 @@ func TestClusterClaimSurvivesNodeLoss(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatalf("release through tsb: %v", err)
 	}
-}
-
-// logBuffer collects a semaphore's log, shown when the test fails.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

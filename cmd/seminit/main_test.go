@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/internal/semtest"
 )
 
 // meterChildEnv, when set to a host:port, turns the test binary into the
@@ -41,12 +41,12 @@ const meterChildEnv = "SEMINIT_TEST_METER_CHILD"
 const meterHoldEnv = "SEMINIT_TEST_METER_HOLD"
 
 var (
-	seminitBin string      // the built seminit binary
-	serverURL  string      // nats://127.0.0.1:port of the seminit server
-	serverOut  *syncBuffer // the server's stdout
-	serverCmd  *exec.Cmd   // the running `seminit server`
-	rabbitURL  string      // amqp:// URL of the RabbitMQ under test; "" when none
-	rabbitErr  error       // why there is no RabbitMQ
+	seminitBin string              // the built seminit binary
+	serverURL  string              // nats://127.0.0.1:port of the seminit server
+	serverOut  *semtest.SyncBuffer // the server's stdout
+	serverCmd  *exec.Cmd           // the running `seminit server`
+	rabbitURL  string              // amqp:// URL of the RabbitMQ under test; "" when none
+	rabbitErr  error               // why there is no RabbitMQ
 )
 
 func TestMain(m *testing.M) {
@@ -111,8 +111,8 @@ func startServer(store string) (stop func() error, err error) {
 	if err != nil {
 		return nil, err
 	}
-	serverOut = &syncBuffer{}
-	var stderr syncBuffer
+	serverOut = &semtest.SyncBuffer{}
+	var stderr semtest.SyncBuffer
 	serverCmd = exec.Command(seminitBin, "server", "--listen", addr, "--store", store)
 	serverCmd.Stdout, serverCmd.Stderr = serverOut, &stderr
 	if err := serverCmd.Start(); err != nil {
@@ -208,25 +208,6 @@ func meterChild(addr string) int {
 	return 0
 }
 
-// syncBuffer is a bytes.Buffer safe for a process to write while a test
-// polls it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // broker is a backend the contract tests run against.
 type broker struct {
 	name   string // "nats" or "amqp": the URL scheme and status's "backend"
@@ -304,7 +285,7 @@ type proc struct {
 	t              testing.TB
 	cmd            *exec.Cmd
 	start          time.Time
-	stdout, stderr syncBuffer
+	stdout, stderr semtest.SyncBuffer
 	done           chan struct{}
 	res            result
 }
