@@ -253,7 +253,7 @@ func (s *Semaphore) serverNow(ctx context.Context) (time.Time, error) {
 func (s *Semaphore) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	c, err := s.js.Consumer(rctx, StreamName(s.name), consumerName)
+	c, err := s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
 		return nil, fmt.Errorf("%w: %s: %w", tokensem.ErrNotInitialized, s.name, err)

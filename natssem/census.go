@@ -32,11 +32,15 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]storedToken, error) {
 		return nil, wrapBrokerErr(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	subj := "$JS.API.DIRECT.GET." + StreamName(s.name)
+	subj := "$JS.API.DIRECT.GET." + s.lay.stream
 	var out []storedToken
 	next := uint64(1)
 	for {
-		req, _ := json.Marshal(map[string]any{"seq": next, "batch": scanBatch})
+		q := map[string]any{"seq": next, "batch": scanBatch}
+		if s.lay.grouped() {
+			q["next_by_subj"] = s.lay.subject // the key's tokens among the group's
+		}
+		req, _ := json.Marshal(q)
 		if err := s.nc.PublishRequest(subj, inbox, req); err != nil {
 			return nil, wrapBrokerErr(err)
 		}
@@ -106,7 +110,7 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 		return tokensem.Status{}, err
 	}
 	st := reconciler.Summarize(c)
-	st.Name, st.Backend, st.Resource = s.name, "nats", StreamName(s.name)
+	st.Name, st.Backend, st.Resource = s.name, "nats", s.lay.stream
 	st.Lease, st.Waiting = inv.cfg.Lease, cons.NumWaiting
 	if w := ackWaitWarning(cons.Config.AckWait, inv.cfg.Lease); w != "" {
 		st.Warnings = append(st.Warnings, w)

@@ -194,7 +194,7 @@ func (s *Semaphore) deleteMsg(ctx context.Context, seq uint64) error {
 		Seq     uint64 `json:"seq"`
 		NoErase bool   `json:"no_erase"`
 	}{seq, true})
-	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.DELETE."+StreamName(s.name), req)
+	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.DELETE."+s.lay.stream, req)
 	if err != nil {
 		return wrapBrokerErr(err)
 	}

@@ -24,6 +24,10 @@ type config struct {
 	State   string `json:"state"`
 	Seeder  string `json:"seeder,omitempty"`
 	Created int64  `json:"created_unix_ms"`
+	// Life is a random id the configuration's creator gives it, kept for
+	// the semaphore's whole life (a seeding taken over keeps it): in a
+	// group the IDs of the tokens it publishes name it (see layout.msgID).
+	Life string `json:"life,omitempty"`
 	// Deleting is when Delete marked the semaphore (client clock), for
 	// whoever reads the bucket.
 	Deleting int64 `json:"deleting_unix_ms,omitempty"`

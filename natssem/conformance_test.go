@@ -127,3 +127,59 @@ func TestConformanceCluster(t *testing.T) {
 	}
 	semtest.Run(t, natsBackend("nats", addrs, natssem.WithReplicas(3)))
 }
+
+// natsGroupBackend is natsBackend for the keys of one group (WithGroup):
+// every call names the group, and raw messages go to the key's subject.
+func natsGroupBackend(name, group string, addrs []string, extra ...natssem.Option) semtest.Backend {
+	in := natssem.WithGroup(group)
+	b := natsBackend(name, addrs, append(extra, in)...)
+	b.Open = func(t testing.TB, addr, name string, o semtest.Options) (tokensem.Semaphore, error) {
+		nc := connect(t, addr)
+		s, err := natssem.Open(t.Context(), nc, name, natsOptions(o, []natssem.Option{in})...)
+		if err != nil {
+			return nil, err
+		}
+		conns.Store(s, nc)
+		return s, nil
+	}
+	b.InjectRaw = func(t testing.TB, name string, data []byte) {
+		t.Helper()
+		js, err := jetstream.New(connect(t, addrs[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		if _, err := js.Publish(ctx, natssem.GroupSubject(group, name), data); err != nil {
+			t.Fatalf("inject into %s of %s: %v", name, group, err)
+		}
+	}
+	b.Delete = func(t testing.TB, name string, force bool) error {
+		nc := connect(t, addrs[0])
+		if force {
+			return natssem.ForceDelete(semtest.CleanupContext(t, time.Minute), nc, name, in)
+		}
+		return natssem.Delete(semtest.CleanupContext(t, time.Minute), nc, name, in)
+	}
+	b.List = func(t testing.TB) ([]tokensem.Info, error) {
+		return natssem.List(semtest.Context(t, time.Minute), connect(t, addrs[0]), in)
+	}
+	return b
+}
+
+// TestConformanceGroup runs the suite on keys of one group: one stream and
+// one bucket shared by every semaphore of the suite.
+func TestConformanceGroup(t *testing.T) {
+	semtest.Run(t, natsGroupBackend("nats", "suite", []string{srv.Addr().String()}))
+}
+
+// TestConformanceClusterKeys runs the suite on keys of one group on a
+// 3-node cluster, replicated 3 ways, clients spread over the nodes.
+func TestConformanceClusterKeys(t *testing.T) {
+	c := cluster(t)
+	addrs := make([]string, c.Size())
+	for i := range addrs {
+		addrs[i] = c.Addr(i)
+	}
+	semtest.Run(t, natsGroupBackend("nats", "suite", addrs, natssem.WithReplicas(3)))
+}

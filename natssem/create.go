@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/ids"
 )
 
 // Creating a semaphore (Init): the stream, its consumer and the KV bucket
@@ -19,24 +20,34 @@ import (
 // it ready, while the other Inits wait for that.
 
 // createResources creates (or finds) the token stream, its holders
-// consumer and the KV bucket.
+// consumer and the KV bucket. In a group they are the group's stream and
+// bucket, and the key's consumer is made by the creator of its
+// configuration (prepareKey).
 func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	stream, err := s.js.CreateStream(rctx, jetstream.StreamConfig{
-		Name:        StreamName(s.name),
+	sc := jetstream.StreamConfig{
+		Name:        s.lay.stream,
 		Description: "tokensem tokens of " + s.name,
-		Subjects:    []string{Subject(s.name)},
+		Subjects:    []string{s.lay.subject},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    s.opts.replicas,
 		Discard:     jetstream.DiscardOld,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
-	})
+	}
+	if s.lay.grouped() {
+		sc.Description = "tokensem tokens of group " + s.lay.group
+		sc.Subjects = []string{GroupSubject(s.lay.group, "*")}
+		// Unset, the server's default_max_consumers (1,000) would cap
+		// the keys a group can hold.
+		sc.MaxConsumers = MaxGroupKeys
+	}
+	stream, err := s.js.CreateStream(rctx, sc)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
-		stream, err = s.js.Stream(rctx, StreamName(s.name))
+		stream, err = s.js.Stream(rctx, s.lay.stream)
 		if err != nil {
 			return wrapBrokerErr(err)
 		}
@@ -44,9 +55,43 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 		return wrapBrokerErr(err)
 	}
 	s.stream = stream
-	lease := s.opts.Lease
-	if _, err := stream.CreateConsumer(rctx, jetstream.ConsumerConfig{
-		Durable:       consumerName,
+	if !s.lay.grouped() {
+		if err := s.createConsumer(rctx, s.opts.Lease, false); err != nil {
+			return err
+		}
+	}
+	kc := jetstream.KeyValueConfig{
+		Bucket:      s.lay.bucket,
+		Description: "tokensem config and slot leases of " + s.name,
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.opts.replicas,
+	}
+	if s.lay.grouped() {
+		kc.Description = "tokensem config and slot leases of group " + s.lay.group
+	}
+	kv, err := s.js.CreateKeyValue(rctx, kc)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = s.js.KeyValue(rctx, s.lay.bucket)
+	}
+	if err != nil {
+		return wrapBrokerErr(err)
+	}
+	s.setBucket(kv)
+	return nil
+}
+
+// MaxGroupKeys is how many semaphores one group (WithGroup) can hold: each
+// key is a consumer of the group's stream. An account's own consumer limit
+// may be lower; an Init beyond it returns an error that matches
+// jetstream.ErrMaximumConsumersLimit.
+const MaxGroupKeys = 1_000_000
+
+// createConsumer creates the holders consumer with an ack wait of lease, or
+// (update) makes an existing one's configuration this one.
+func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, update bool) error {
+	cc := jetstream.ConsumerConfig{
+		Durable:       s.lay.consumer,
 		Description:   "tokensem holders of " + s.name,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       lease,
@@ -54,23 +99,50 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 		MaxWaiting:    s.opts.maxWaiters,
 		MaxAckPending: -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-	}); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+	}
+	if s.lay.grouped() {
+		cc.FilterSubject = s.lay.subject
+	}
+	var err error
+	if update {
+		_, err = s.js.CreateOrUpdateConsumer(ctx, s.lay.stream, cc)
+	} else {
+		_, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
+	}
+	switch {
+	case err == nil, !update && errors.Is(err, jetstream.ErrConsumerExists):
+		return nil
+	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
+		// Not a broker that failed to answer: retrying cannot help.
+		return fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
+	}
+	return wrapBrokerErr(err)
+}
+
+// prepareKey readies a group's key for the life whose configuration this
+// Init just created: the key's consumer, made now with that life's lease
+// (one left by an earlier life or an Init cut short may have another, and
+// a Delete that ran since this Init began may have removed it), and the
+// key's subject emptied of what an earlier life left in it (a seeding that
+// stalled past a Delete). The subject is purged only when a message is
+// there: a filtered purge visits every consumer of the stream.
+func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	if err := s.createConsumer(rctx, lease, true); err != nil {
+		return err
+	}
+	_, err := s.stream.GetLastMsgForSubject(rctx, s.lay.subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil
+	case err != nil:
 		return wrapBrokerErr(err)
 	}
-	kv, err := s.js.CreateKeyValue(rctx, jetstream.KeyValueConfig{
-		Bucket:      BucketName(s.name),
-		Description: "tokensem config and slot leases of " + s.name,
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    s.opts.replicas,
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = s.js.KeyValue(rctx, BucketName(s.name))
-	}
-	if err != nil {
+	s.log.Warn("purging messages an earlier life of the key left")
+	if err := s.stream.Purge(rctx, jetstream.WithPurgeSubject(s.lay.subject)); err != nil {
 		return wrapBrokerErr(err)
 	}
-	s.setBucket(kv)
 	return nil
 }
 
@@ -91,13 +163,19 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 	want := config{
 		Version: configVersion, Permits: permits, Lease: s.opts.Lease, Epoch: 1,
 		KeyCheck: s.codec.KeyCheck(), State: stateSeeding, Seeder: me,
-		Created: time.Now().UnixMilli(),
+		Created: time.Now().UnixMilli(), Life: ids.New(),
 	}
 	for {
 		rctx, cancel := s.rtt(ctx)
-		rev, err := s.kv.Create(rctx, configKey, want.encode())
+		rev, err := s.kv.Create(rctx, s.lay.key(configKey), want.encode())
 		cancel()
 		if err == nil {
+			if s.lay.grouped() {
+				if err := s.prepareKey(ctx, want.Lease); err != nil {
+					s.dropConfig(ctx, rev)
+					return config{}, err
+				}
+			}
 			return s.seed(ctx, want, rev)
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -132,7 +210,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		if time.Since(time.UnixMilli(cfg.Created)) > seedStallTimeout {
 			cfg.Seeder, cfg.Created = me, time.Now().UnixMilli()
 			rctx, cancel := s.rtt(ctx)
-			rev, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
+			rev, err = s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev)
 			cancel()
 			if err == nil {
 				s.log.Warn("took over a stalled token seeding")
@@ -148,6 +226,18 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 	}
 }
 
+// dropConfig removes the configuration this Init created at rev, when it
+// cannot go on (prepareKey failed), so that the next Init need not wait
+// seedStallTimeout for it. Best effort: a configuration left in place is
+// taken over after that wait.
+func (s *Semaphore) dropConfig(ctx context.Context, rev uint64) {
+	rctx, cancel := s.rtt(context.WithoutCancel(ctx))
+	defer cancel()
+	if err := s.kv.Delete(rctx, s.lay.key(configKey), jetstream.LastRevision(rev)); err != nil {
+		s.log.Warn("could not remove the configuration of a failed Init", "err", err)
+	}
+}
+
 // seed publishes the tokens of cfg's epoch, deduplicated by message ID, then
 // marks the configuration ready.
 func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, error) {
@@ -159,8 +249,8 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 			if err != nil {
 				return config{}, err
 			}
-			id := s.name + "." + strconv.FormatUint(cfg.Epoch, 10) + "." + strconv.Itoa(i)
-			f, err := s.js.PublishAsync(Subject(s.name), b, jetstream.WithMsgID(id))
+			id := s.lay.msgID(s.name, cfg.Life, s.name+"."+strconv.FormatUint(cfg.Epoch, 10)+"."+strconv.Itoa(i))
+			f, err := s.js.PublishAsync(s.lay.subject, b, jetstream.WithMsgID(id))
 			if err != nil {
 				return config{}, wrapBrokerErr(err)
 			}
@@ -179,7 +269,7 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 	cfg.State = stateReady
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	if _, err := s.kv.Update(rctx, configKey, cfg.encode(), rev); err != nil {
+	if _, err := s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			// Another Init took the seeding over (this one stalled past
 			// seedStallTimeout), or a Delete marked the configuration.

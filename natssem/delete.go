@@ -36,7 +36,9 @@ import (
 //     it once an Init makes a new one. A closed record keeps its holder's
 //     name, so a delete that resumes one cut short waits for (or, without
 //     force, refuses on) the same holders;
-//  4. it deletes the token stream, then the bucket.
+//  4. it deletes the token stream, then the bucket. A key of a group
+//     (WithGroup) has its consumer deleted, its subject purged, and its
+//     records (configuration last) purged from the group's bucket.
 // A failure before step 4 puts the semaphore back (reopen): its records
 // reopen still naming their holders, who keep their slots until a lease
 // of silence. A holder therefore either makes Delete refuse, or never got
@@ -58,10 +60,13 @@ import (
 // first AcquireN races the delete may make the gate again after it; the
 // next Init of the name uses it, the next Delete removes it.
 //
-// Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
-// that name exists), tokensem.ErrHeld, or a wrapped broker error.
-func Delete(ctx context.Context, nc *nats.Conn, name string) error {
-	return deleteSemaphore(ctx, nc, name, false)
+// Of a key of a group, pass WithGroup; other options are ignored.
+//
+// Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidOption,
+// tokensem.ErrNotInitialized (nothing of that name exists),
+// tokensem.ErrHeld, or a wrapped broker error.
+func Delete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) error {
+	return deleteSemaphore(ctx, nc, name, false, opts)
 }
 
 // ForceDelete removes semaphore name as Delete does, held permits or not.
@@ -71,20 +76,24 @@ func Delete(ctx context.Context, nc *nats.Conn, name string) error {
 // server's clock): give it a context that outlasts the lease. If ctx ends
 // first, the semaphore is put back and its holders keep their slots.
 // Waiters in Acquire return tokensem.ErrNotInitialized.
-func ForceDelete(ctx context.Context, nc *nats.Conn, name string) error {
-	return deleteSemaphore(ctx, nc, name, true)
+func ForceDelete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) error {
+	return deleteSemaphore(ctx, nc, name, true, opts)
 }
 
-func deleteSemaphore(ctx context.Context, nc *nats.Conn, name string, force bool) error {
+func deleteSemaphore(ctx context.Context, nc *nats.Conn, name string, force bool, opts []Option) error {
+	o, err := newOptions(opts)
+	if err != nil {
+		return err
+	}
 	return weighted.DeleteWithGate(ctx, name, force, func(ctx context.Context, name string, force bool) error {
-		return deleteNamed(ctx, nc, name, force)
+		return deleteNamed(ctx, nc, name, force, o)
 	})
 }
 
 // deleteNamed is Delete (force false) or ForceDelete of a name already
 // checked.
-func deleteNamed(ctx context.Context, nc *nats.Conn, name string, force bool) error {
-	s, err := newSemaphore(nc, name, mustOptions())
+func deleteNamed(ctx context.Context, nc *nats.Conn, name string, force bool, o options) error {
+	s, err := newSemaphore(nc, name, o)
 	if err != nil {
 		return err
 	}
@@ -94,9 +103,11 @@ func deleteNamed(ctx context.Context, nc *nats.Conn, name string, force bool) er
 
 func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {
 	rctx, cancel := s.rtt(ctx)
-	kv, err := s.js.KeyValue(rctx, BucketName(s.name))
+	kv, err := s.js.KeyValue(rctx, s.lay.bucket)
 	cancel()
 	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound) && s.lay.grouped():
+		return s.removeKey(ctx, true)
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 		// Nothing to check; a stream left by a creation cut short goes too.
 		return s.deleteStream(ctx, true)
@@ -104,6 +115,15 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		return wrapBrokerErr(err)
 	}
 	s.setBucket(kv)
+	if s.lay.grouped() {
+		// A key of which nothing exists is not made to exist by the
+		// lock record and placeholder a delete writes.
+		if _, _, err := s.readConfig(ctx); errors.Is(err, tokensem.ErrNotInitialized) {
+			if _, err := s.consumerInfo(ctx); errors.Is(err, tokensem.ErrNotInitialized) {
+				return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+			}
+		}
+	}
 	h, err := s.takeLock(ctx)
 	if err != nil {
 		return err
@@ -144,11 +164,19 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 		return err
 	}
 	*removed = true // from here on, what a later try does not find is gone
+	if s.lay.grouped() {
+		if err := s.removeKey(ctx, false); err != nil {
+			return err
+		}
+		h.abandon() // the lock record went with the key's records
+		s.log.Info("semaphore deleted")
+		return nil
+	}
 	if err := s.deleteStream(ctx, false); err != nil {
 		return err
 	}
 	rctx, cancel := s.rtt(ctx)
-	err = s.js.DeleteKeyValue(rctx, BucketName(s.name))
+	err = s.js.DeleteKeyValue(rctx, s.lay.bucket)
 	cancel()
 	if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return wrapBrokerErr(err)
@@ -179,9 +207,9 @@ func (s *Semaphore) markDeleting(ctx context.Context) (config, error) {
 		cfg.State, cfg.Deleting = stateDeleting, time.Now().UnixMilli()
 		rctx, cancel := s.rtt(ctx)
 		if rev == 0 {
-			_, err = s.kv.Create(rctx, configKey, cfg.encode())
+			_, err = s.kv.Create(rctx, s.lay.key(configKey), cfg.encode())
 		} else {
-			_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
+			_, err = s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev)
 		}
 		cancel()
 		switch {
@@ -324,10 +352,10 @@ func (s *Semaphore) reopen(ctx context.Context) error {
 		}
 		rctx, cancel := s.rtt(ctx)
 		if cfg.Was == "" {
-			err = s.kv.Delete(rctx, configKey, jetstream.LastRevision(rev))
+			err = s.kv.Delete(rctx, s.lay.key(configKey), jetstream.LastRevision(rev))
 		} else {
 			cfg.State, cfg.Was, cfg.Deleting = cfg.Was, "", 0
-			_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
+			_, err = s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev)
 		}
 		cancel()
 		switch {
@@ -376,7 +404,7 @@ func (s *Semaphore) awaitDelete(ctx context.Context) error {
 func (s *Semaphore) deleteStream(ctx context.Context, onlyThis bool) error {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	err := s.js.DeleteStream(rctx, StreamName(s.name))
+	err := s.js.DeleteStream(rctx, s.lay.stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		if onlyThis {
@@ -385,6 +413,46 @@ func (s *Semaphore) deleteStream(ctx context.Context, onlyThis bool) error {
 		return nil
 	case err != nil:
 		return wrapBrokerErr(err)
+	}
+	return nil
+}
+
+// removeKey removes a group's key: its consumer (no token of it can be
+// delivered any more; waiting pulls end), the tokens on its subject, then
+// its records, the configuration among them, in one purge of the bucket's
+// stream. With onlyThis, finding none of it is ErrNotInitialized.
+func (s *Semaphore) removeKey(ctx context.Context, onlyThis bool) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	found := true
+	err := s.js.DeleteConsumer(rctx, s.lay.stream, s.lay.consumer)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		if onlyThis {
+			return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
+		}
+		return nil // nothing of the group is left
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		found = false
+	case err != nil:
+		return wrapBrokerErr(err)
+	}
+	stream, err := s.js.Stream(rctx, s.lay.stream)
+	if err == nil {
+		err = stream.Purge(rctx, jetstream.WithPurgeSubject(s.lay.subject))
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return wrapBrokerErr(err)
+	}
+	kvStream, err := s.js.Stream(rctx, s.lay.kvStream())
+	if err == nil {
+		err = kvStream.Purge(rctx, jetstream.WithPurgeSubject(s.lay.kvSubject(">")))
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return wrapBrokerErr(err)
+	}
+	if !found && onlyThis {
+		return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 	}
 	return nil
 }
@@ -402,7 +470,11 @@ func (s *Semaphore) gone(ctx context.Context, deadline time.Time) bool {
 	defer cancel()
 	rctx, cancel = context.WithTimeout(rctx, s.opts.RequestTimeout)
 	defer cancel()
-	_, err := s.js.KeyValue(rctx, BucketName(s.name))
+	if s.lay.grouped() {
+		_, err := s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)
+		return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+	}
+	_, err := s.js.KeyValue(rctx, s.lay.bucket)
 	return errors.Is(err, jetstream.ErrBucketNotFound)
 }
 

@@ -180,9 +180,9 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if err != nil {
 		return err
 	}
-	id := fmt.Sprintf("reissue.%d.%d.%d", cfg.Epoch, index, sl.rev)
+	id := s.lay.msgID(s.name, cfg.Life, fmt.Sprintf("reissue.%d.%d.%d", cfg.Epoch, index, sl.rev))
 	rctx, cancel := s.rtt(ctx)
-	ack, err := s.js.Publish(rctx, Subject(s.name), b, jetstream.WithMsgID(id))
+	ack, err := s.js.Publish(rctx, s.lay.subject, b, jetstream.WithMsgID(id))
 	cancel()
 	switch {
 	case isAPIError(err, jsDuplicateInProcess):

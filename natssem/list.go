@@ -17,19 +17,76 @@ import (
 // connected to, sorted by name: every KV bucket tokensem_NAME, with its
 // configuration. A bucket without one (an Init that has not written it
 // yet, or a Delete half done) is listed as "creating" with 0 permits.
+// With WithGroup it lists the keys of that group instead (none if the
+// group does not exist); other options are ignored.
 //
-// Errors: a wrapped broker error.
-func List(ctx context.Context, nc *nats.Conn) ([]tokensem.Info, error) {
-	s, err := newSemaphore(nc, "", mustOptions())
+// Errors: tokensem.ErrInvalidOption, or a wrapped broker error.
+func List(ctx context.Context, nc *nats.Conn, opts ...Option) ([]tokensem.Info, error) {
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	s, err := newSemaphore(nc, "", o)
 	if err != nil {
 		return nil, err
 	}
 	var out []tokensem.Info
 	err = s.retry(ctx, "list", func() error {
-		out, err = s.list(ctx)
+		if s.lay.grouped() {
+			out, err = s.listGroup(ctx)
+		} else {
+			out, err = s.list(ctx)
+		}
 		return err
 	})
 	return out, err
+}
+
+// listGroup lists the keys of a group: every configuration record in its
+// bucket, read with one watch.
+func (s *Semaphore) listGroup(ctx context.Context) ([]tokensem.Info, error) {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	kv, err := s.js.KeyValue(rctx, s.lay.bucket)
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, wrapBrokerErr(err)
+	}
+	w, err := kv.Watch(ctx, "*."+configKey, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, wrapBrokerErr(err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []tokensem.Info
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case <-ctx.Done():
+			return nil, wrapBrokerErr(fmt.Errorf("listing group %s: %w", s.lay.group, ctx.Err()))
+		case e = <-w.Updates():
+		}
+		if e == nil {
+			break // initial values done
+		}
+		name, _ := strings.CutSuffix(e.Key(), "."+configKey)
+		if tokensem.ValidateName(name) != nil {
+			continue
+		}
+		cfg, err := decodeConfig(e.Value())
+		if err != nil {
+			return nil, err
+		}
+		info := tokensem.Info{Name: name, Backend: "nats", State: stateCreating}
+		info.Permits, info.Lease = cfg.Permits, cfg.Lease
+		if cfg.State == stateReady || cfg.State == stateDeleting {
+			info.State = cfg.State
+		}
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(a, b tokensem.Info) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
 }
 
 func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {

@@ -135,7 +135,7 @@ func (h *lockHold) try(ctx context.Context) (rev uint64, holder string, err erro
 func (h *lockHold) read(ctx context.Context) (jetstream.KeyValueEntry, error) {
 	rctx, cancel := h.s.rtt(ctx)
 	defer cancel()
-	return h.s.kv.Get(rctx, lockKey)
+	return h.s.kv.Get(rctx, h.s.lay.key(lockKey))
 }
 
 // cas writes val over revision rev. A write that loses to a record of
@@ -145,7 +145,7 @@ func (h *lockHold) read(ctx context.Context) (jetstream.KeyValueEntry, error) {
 func (h *lockHold) cas(ctx context.Context, val []byte, rev uint64) (uint64, error) {
 	for range 2 {
 		rctx, cancel := h.s.rtt(ctx)
-		newRev, err := h.s.kv.Update(rctx, lockKey, val, rev)
+		newRev, err := h.s.kv.Update(rctx, h.s.lay.key(lockKey), val, rev)
 		cancel()
 		switch {
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):

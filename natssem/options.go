@@ -33,6 +33,7 @@ type options struct {
 	semopts.Options
 	Lease      time.Duration // see WithLease
 	HolderName string        // see WithHolderName
+	group      string        // see WithGroup
 	replicas   int
 	maxWaiters int
 	pullExpiry time.Duration
@@ -129,6 +130,27 @@ func WithReplicas(n int) Option {
 			return fmt.Errorf("%w: replicas %d (want 1 or 3)", tokensem.ErrInvalidOption, n)
 		}
 		o.replicas = n
+		return nil
+	}
+}
+
+// WithGroup makes the semaphore one key of group: the semaphores of a
+// group share one token stream (GroupStreamName) and one KV bucket
+// (GroupBucketName), each key with a subject of its own, a consumer
+// filtered on it, and its records under a key prefix, so that many
+// semaphores (one per tenant, per route: see semgroup) cost the broker a
+// consumer each rather than two streams each. Every guarantee holds per
+// key as for a semaphore of its own. Init, Open, Delete and ForceDelete of
+// a key all take the option; the group's stream and bucket are made by its
+// first Init (with that Init's WithReplicas) and stay when its keys are
+// deleted. The name must be valid as a semaphore name is
+// (tokensem.ValidateName). A group holds up to MaxGroupKeys keys.
+func WithGroup(group string) Option {
+	return func(o *options) error {
+		if err := tokensem.ValidateName(group); err != nil {
+			return fmt.Errorf("%w: group: %w", tokensem.ErrInvalidOption, err)
+		}
+		o.group = group
 		return nil
 	}
 }

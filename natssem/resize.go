@@ -49,7 +49,7 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 		old := cfg.Permits
 		cfg.Permits = permits
 		rctx, cancel := s.rtt(ctx)
-		_, err = s.kv.Update(rctx, configKey, cfg.encode(), rev)
+		_, err = s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev)
 		cancel()
 		switch {
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):

@@ -24,22 +24,6 @@ var (
 	_ tokensem.Counter   = (*Semaphore)(nil)
 )
 
-// Resource names of a semaphore called name.
-const (
-	streamPrefix = "TOKENSEM_" // token stream: TOKENSEM_<name>
-	bucketPrefix = "tokensem_" // KV bucket:   tokensem_<name>
-	consumerName = "holders"
-)
-
-// StreamName returns the name of the token stream of semaphore name.
-func StreamName(name string) string { return streamPrefix + name }
-
-// BucketName returns the name of the KV bucket of semaphore name.
-func BucketName(name string) string { return bucketPrefix + name }
-
-// Subject returns the subject the tokens of semaphore name are published on.
-func Subject(name string) string { return "tokensem." + name + ".tokens" }
-
 // Semaphore is a distributed semaphore whose permits are token messages in
 // a JetStream work-queue stream. Create one with Init or Open; it is safe for
 // concurrent use.
@@ -49,6 +33,7 @@ type Semaphore struct {
 	kv       jetstream.KeyValue
 	stream   jetstream.Stream
 	name     string
+	lay      layout
 	opts     options
 	codec    tokensem.Codec
 	log      *slog.Logger
@@ -227,14 +212,20 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natssem: %w", err)
 	}
+	lay := newLayout(o.group, name)
+	log := o.Logger.With("semaphore", name)
+	if lay.grouped() {
+		log = log.With("group", o.group)
+	}
 	return &Semaphore{
 		nc:       nc,
 		js:       js,
 		name:     name,
+		lay:      lay,
 		opts:     o,
 		codec:    tokensem.NewCodec(o.Key),
-		log:      o.Logger.With("semaphore", name),
-		pullSubj: "$JS.API.CONSUMER.MSG.NEXT." + StreamName(name) + "." + consumerName,
+		log:      log,
+		pullSubj: "$JS.API.CONSUMER.MSG.NEXT." + lay.stream + "." + lay.consumer,
 		seeder:   ids.New(),
 		returned: newHandbacks(nc),
 		waitPull: mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
@@ -250,21 +241,21 @@ func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFun
 
 func (s *Semaphore) setBucket(kv jetstream.KeyValue) {
 	s.kv = kv
-	s.slots = newSlotStore(kv, s.opts.RequestTimeout, s.log)
+	s.slots = newSlotStore(kv, s.lay, s.opts.RequestTimeout, s.log)
 }
 
 // bind finds the resources of an existing semaphore.
 func (s *Semaphore) bind(ctx context.Context) error {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	kv, err := s.js.KeyValue(rctx, BucketName(s.name))
+	kv, err := s.js.KeyValue(rctx, s.lay.bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 	}
 	if err != nil {
 		return wrapBrokerErr(err)
 	}
-	stream, err := s.js.Stream(rctx, StreamName(s.name))
+	stream, err := s.js.Stream(rctx, s.lay.stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: %s has no token stream", tokensem.ErrNotInitialized, s.name)
 	}
@@ -286,11 +277,10 @@ func (s *Semaphore) bind(ctx context.Context) error {
 func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	bucket := BucketName(s.name)
 	req := mustMarshal(struct {
 		LastBySubject string `json:"last_by_subj"`
-	}{"$KV." + bucket + "." + configKey})
-	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	}{s.lay.kvSubject(configKey)})
+	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+s.lay.kvStream(), req)
 	if err != nil {
 		return config{}, 0, wrapBrokerErr(err)
 	}

@@ -17,9 +17,7 @@ import (
 // slotPrefix starts the KV key of every slot record.
 const slotPrefix = "slot."
 
-func slotKey(index int) string { return slotPrefix + strconv.Itoa(index) }
-
-// record is a slot's lease record, stored under slotKey(index). It, not the
+// record is a slot's lease record, stored under layout.slotKey(index). It, not the
 // token delivery, decides who holds the slot: a delivery becomes a permit
 // only by a compare-and-set of this record, and its KV revision is the
 // fencing number. Holder is empty when the slot is free.
@@ -86,6 +84,7 @@ var errConflict = errors.New("natssem: slot record changed meanwhile")
 // remembers the latest record this client saw of each slot.
 type slotStore struct {
 	kv      jetstream.KeyValue
+	lay     layout
 	timeout time.Duration // bounds each round trip
 	log     *slog.Logger
 
@@ -93,8 +92,8 @@ type slotStore struct {
 	cache map[int]slotEntry
 }
 
-func newSlotStore(kv jetstream.KeyValue, timeout time.Duration, log *slog.Logger) *slotStore {
-	return &slotStore{kv: kv, timeout: timeout, log: log, cache: make(map[int]slotEntry)}
+func newSlotStore(kv jetstream.KeyValue, lay layout, timeout time.Duration, log *slog.Logger) *slotStore {
+	return &slotStore{kv: kv, lay: lay, timeout: timeout, log: log, cache: make(map[int]slotEntry)}
 }
 
 // read reads a slot's record. A slot never written reads as free at
@@ -102,7 +101,7 @@ func newSlotStore(kv jetstream.KeyValue, timeout time.Duration, log *slog.Logger
 func (st *slotStore) read(ctx context.Context, index int) (slotEntry, error) {
 	rctx, cancel := context.WithTimeout(ctx, st.timeout)
 	defer cancel()
-	e, err := st.kv.Get(rctx, slotKey(index))
+	e, err := st.kv.Get(rctx, st.lay.slotKey(index))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return slotEntry{}, nil
@@ -132,7 +131,7 @@ func (st *slotStore) read(ctx context.Context, index int) (slotEntry, error) {
 func (st *slotStore) cas(ctx context.Context, index int, rec record, rev, delivered uint64) (uint64, error) {
 	rctx, cancel := context.WithTimeout(ctx, st.timeout)
 	defer cancel()
-	newRev, err := st.kv.Update(rctx, slotKey(index), rec.encode(), rev)
+	newRev, err := st.kv.Update(rctx, st.lay.slotKey(index), rec.encode(), rev)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
 		return 0, errConflict
@@ -169,7 +168,8 @@ func (st *slotStore) remember(index int, e slotEntry) {
 func (st *slotStore) readAll(ctx context.Context) (map[int]slotEntry, error) {
 	rctx, cancel := context.WithTimeout(ctx, st.timeout)
 	defer cancel()
-	w, err := st.kv.Watch(rctx, slotPrefix+">", jetstream.IgnoreDeletes())
+	prefix := st.lay.key(slotPrefix)
+	w, err := st.kv.Watch(rctx, prefix+">", jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, wrapBrokerErr(err)
 	}
@@ -183,7 +183,7 @@ func (st *slotStore) readAll(ctx context.Context) (map[int]slotEntry, error) {
 			if e == nil {
 				return out, nil // initial values done
 			}
-			idx, err := strconv.Atoi(strings.TrimPrefix(e.Key(), slotPrefix))
+			idx, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
 			if err != nil {
 				continue
 			}

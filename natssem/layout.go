@@ -1,0 +1,89 @@
+package natssem
+
+import "strconv"
+
+// Resource names of a semaphore called name.
+const (
+	streamPrefix = "TOKENSEM_" // token stream: TOKENSEM_<name>
+	bucketPrefix = "tokensem_" // KV bucket:   tokensem_<name>
+	consumerName = "holders"
+
+	// A group's resources. The prefixes differ from a lone semaphore's
+	// at a character a name cannot hold in that place ('_' against a
+	// letter), so no semaphore's resources can be a group's.
+	groupStreamPrefix   = "TOKENSEMG_" // TOKENSEMG_<group>
+	groupBucketPrefix   = "tokensemg_" // tokensemg_<group>
+	groupConsumerPrefix = "holders_"   // holders_<key>, one per key
+)
+
+// StreamName returns the name of the token stream of semaphore name.
+func StreamName(name string) string { return streamPrefix + name }
+
+// BucketName returns the name of the KV bucket of semaphore name.
+func BucketName(name string) string { return bucketPrefix + name }
+
+// Subject returns the subject the tokens of semaphore name are published on.
+func Subject(name string) string { return "tokensem." + name + ".tokens" }
+
+// GroupStreamName returns the name of the token stream that the semaphores
+// of group (WithGroup) share.
+func GroupStreamName(group string) string { return groupStreamPrefix + group }
+
+// GroupBucketName returns the name of the KV bucket that the semaphores of
+// group share.
+func GroupBucketName(group string) string { return groupBucketPrefix + group }
+
+// GroupSubject returns the subject the tokens of semaphore key of group are
+// published on.
+func GroupSubject(group, key string) string { return "tokensemg." + group + "." + key + ".tokens" }
+
+// layout names the broker resources of one semaphore: a stream, consumer
+// and bucket of its own, or its share of its group's (a subject, a
+// consumer filtered on it, and the records under a key prefix).
+type layout struct {
+	group    string // "" for a semaphore of its own
+	stream   string
+	bucket   string
+	subject  string // of its tokens
+	consumer string // durable pull consumer of its holders
+	prefix   string // of its KV keys: "" alone, "<key>." in a group
+}
+
+func newLayout(group, name string) layout {
+	if group == "" {
+		return layout{stream: StreamName(name), bucket: BucketName(name), subject: Subject(name), consumer: consumerName}
+	}
+	return layout{
+		group: group, stream: GroupStreamName(group), bucket: GroupBucketName(group),
+		subject: GroupSubject(group, name), consumer: groupConsumerPrefix + name, prefix: name + ".",
+	}
+}
+
+// grouped reports whether the semaphore shares its group's resources.
+func (l layout) grouped() bool { return l.group != "" }
+
+// key returns the KV key of the semaphore's record k.
+func (l layout) key(k string) string { return l.prefix + k }
+
+// slotKey returns the KV key of slot index's record.
+func (l layout) slotKey(index int) string { return l.prefix + slotPrefix + strconv.Itoa(index) }
+
+// kvSubject returns the subject of the semaphore's record k in the
+// bucket's stream.
+func (l layout) kvSubject(k string) string { return "$KV." + l.bucket + "." + l.key(k) }
+
+// kvStream returns the name of the stream behind the bucket.
+func (l layout) kvStream() string { return "KV_" + l.bucket }
+
+// msgID returns the message ID of a token the semaphore publishes, id
+// being its ID for a semaphore of its own (the stream deduplicates IDs
+// within its duplicate window). A group's stream outlives its semaphores,
+// and a key deleted and made again within that window must not have its
+// tokens dropped as duplicates of its earlier life's: in a group the ID
+// names the key and its life (config.Life) too.
+func (l layout) msgID(name, life, id string) string {
+	if !l.grouped() {
+		return id
+	}
+	return name + "." + life + "." + id
+}
