@@ -37,14 +37,15 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
 	}
+	var (
+		stream jetstream.Stream
+		err    error
+	)
 	if s.lay.grouped() {
-		sc.Description = "tokensem tokens of group " + s.lay.group
-		sc.Subjects = []string{GroupSubject(s.lay.group, "*")}
-		// Unset, the server's default_max_consumers (1,000) would cap
-		// the keys a group can hold.
-		sc.MaxConsumers = MaxGroupKeys
+		stream, err = s.createGroupStream(rctx, sc)
+	} else {
+		stream, err = s.js.CreateStream(rctx, sc)
 	}
-	stream, err := s.js.CreateStream(rctx, sc)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
 		stream, err = s.js.Stream(rctx, s.lay.stream)
@@ -81,15 +82,38 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	return nil
 }
 
+// createGroupStream finds the group's stream, or creates it. Its consumer
+// limit is MaxGroupKeys: unset, the server's default_max_consumers (1,000)
+// would cap the keys a group can hold. An account with a lower consumer
+// limit refuses that (and would refuse re-creating the stream as it is:
+// hence the lookup first); the stream is then made without a limit of its
+// own, and the account's applies.
+func (s *Semaphore) createGroupStream(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
+	stream, err := s.js.Stream(ctx, sc.Name)
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return stream, err
+	}
+	sc.Description = "tokensem tokens of group " + s.lay.group
+	sc.Subjects = []string{GroupSubject(s.lay.group, "*")}
+	sc.MaxConsumers = MaxGroupKeys
+	stream, err = s.js.CreateStream(ctx, sc)
+	if errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
+		sc.MaxConsumers = 0
+		stream, err = s.js.CreateStream(ctx, sc)
+	}
+	return stream, err
+}
+
 // MaxGroupKeys is how many semaphores one group (WithGroup) can hold: each
 // key is a consumer of the group's stream. An account's own consumer limit
 // may be lower; an Init beyond it returns an error that matches
 // jetstream.ErrMaximumConsumersLimit.
 const MaxGroupKeys = 1_000_000
 
-// createConsumer creates the holders consumer with an ack wait of lease, or
-// (update) makes an existing one's configuration this one.
-func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, update bool) error {
+// createConsumer creates the holders consumer with an ack wait of lease.
+// One that exists with another configuration is kept, or (fresh: a new
+// life of a group's key, no token of which exists yet) replaced.
+func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, fresh bool) error {
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.lay.consumer,
 		Description:   "tokensem holders of " + s.name,
@@ -103,14 +127,17 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, upd
 	if s.lay.grouped() {
 		cc.FilterSubject = s.lay.subject
 	}
-	var err error
-	if update {
-		_, err = s.js.CreateOrUpdateConsumer(ctx, s.lay.stream, cc)
-	} else {
-		_, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
+	_, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
+	if fresh && errors.Is(err, jetstream.ErrConsumerExists) {
+		// Left with another configuration, which cannot all be updated
+		// (the server refuses a new MaxWaiting): made anew.
+		s.log.Info("replacing the key's consumer left by an earlier life")
+		if err = s.js.DeleteConsumer(ctx, s.lay.stream, s.lay.consumer); err == nil || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			_, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
+		}
 	}
 	switch {
-	case err == nil, !update && errors.Is(err, jetstream.ErrConsumerExists):
+	case err == nil, !fresh && errors.Is(err, jetstream.ErrConsumerExists):
 		return nil
 	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
 		// Not a broker that failed to answer: retrying cannot help.
