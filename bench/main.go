@@ -44,6 +44,7 @@ type config struct {
 	scenarios       []string
 	amqpURL         string
 	natsURL         string
+	natsGroup       string
 	redisBin        string
 	workers         int
 	weightedWorkers int
@@ -77,6 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.quick, "quick", false, "short runs (fewer samples, 3 s of contention): the whole run takes a few minutes")
 	fs.StringVar(&c.amqpURL, "amqp-url", cmp.Or(os.Getenv("RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (default $RABBITMQ_URL)")
 	fs.StringVar(&c.natsURL, "nats-url", "", "run natssem on this NATS server (with JetStream) instead of an embedded one")
+	fs.StringVar(&c.natsGroup, "nats-group", "", "make every natssem semaphore a key of this group (natssem.WithGroup: one stream and bucket for all)")
 	fs.StringVar(&c.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH)")
 	fs.IntVar(&c.workers, "workers", 32, "contention: workers, each on a connection of its own")
 	fs.IntVar(&c.weightedWorkers, "weighted-workers", 12, "weighted: workers of weights 1, 2 and 3 in turn (weight 3 needs -permits of at least 3)")
@@ -301,13 +303,17 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 		switch key {
 		case "natssem":
 			res.Label, res.Tokensem = "natssem", true
-			ns, err := startNATS(cfg.natsURL)
+			ns, err := startNATS(cfg.natsURL, cfg.natsGroup)
 			if err != nil {
 				res.Skipped = "NATS: " + err.Error()
 				break
 			}
+			if cfg.natsGroup != "" {
+				res.Label = "natssem (group " + cfg.natsGroup + ")"
+			}
 			rep.Machine.NATS = ns.Version()
 			rep.Machine.NATSURL = cfg.natsURL
+			rep.Machine.NATSGroup = cfg.natsGroup
 			logf("nats-server %s at %s (embedded: %v)", ns.Version(), ns.url, ns.srv != nil)
 			if d, err := ns.rawRTT(ctx, p.rtt, 0); err != nil {
 				rep.RawErr = err.Error()

@@ -20,10 +20,11 @@ type natsSystem struct {
 	url   string
 	probe *nats.Conn
 	js    jetstream.JetStream
+	group string // -nats-group: every semaphore a key of this group
 }
 
 // startNATS starts the embedded server, or connects to url when set.
-func startNATS(url string) (*natsSystem, error) {
+func startNATS(url, group string) (*natsSystem, error) {
 	var srv *embedded.Server
 	if url == "" {
 		var err error
@@ -32,7 +33,7 @@ func startNATS(url string) (*natsSystem, error) {
 		}
 		url = srv.URL()
 	}
-	n := &natsSystem{srv: srv, url: url}
+	n := &natsSystem{srv: srv, url: url, group: group}
 	probe, err := nats.Connect(url, nats.Name("bench-probe"))
 	if err != nil {
 		n.Close()
@@ -57,11 +58,24 @@ func (n *natsSystem) Connect(ctx context.Context) (Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return natsClient{nc}, nil
+	return natsClient{nc: nc, group: n.group}, nil
+}
+
+// groupOpts returns the options every natssem call takes: the group, if
+// any.
+func groupOpts(group string) []natssem.Option {
+	if group == "" {
+		return nil
+	}
+	return []natssem.Option{natssem.WithGroup(group)}
 }
 
 func (n *natsSystem) Waiting(ctx context.Context, name string) (int, error) {
-	c, err := n.js.Consumer(ctx, natssem.StreamName(name), "holders")
+	stream, consumer := natssem.StreamName(name), "holders"
+	if n.group != "" {
+		stream, consumer = natssem.GroupStreamName(n.group), "holders_"+name
+	}
+	c, err := n.js.Consumer(ctx, stream, consumer)
 	if err != nil {
 		return 0, err
 	}
@@ -75,6 +89,10 @@ func (n *natsSystem) Waiting(ctx context.Context, name string) (int, error) {
 func (n *natsSystem) WaitersPerClient() int { return 0 }
 
 func (n *natsSystem) Cleanup(ctx context.Context, name string) {
+	if n.group != "" {
+		_ = natssem.ForceDelete(ctx, n.probe, name, groupOpts(n.group)...)
+		return
+	}
 	_ = n.js.DeleteStream(ctx, natssem.StreamName(name))
 	_ = n.js.DeleteKeyValue(ctx, natssem.BucketName(name))
 }
@@ -88,10 +106,13 @@ func (n *natsSystem) Close() {
 	}
 }
 
-type natsClient struct{ nc *nats.Conn }
+type natsClient struct {
+	nc    *nats.Conn
+	group string
+}
 
 func (c natsClient) Init(ctx context.Context, name string, permits, maxWaiters int) (Sem, error) {
-	opts := []natssem.Option{}
+	opts := groupOpts(c.group)
 	if maxWaiters > natssem.DefaultMaxWaiters {
 		opts = append(opts, natssem.WithMaxWaiters(maxWaiters))
 	}
@@ -103,7 +124,7 @@ func (c natsClient) Init(ctx context.Context, name string, permits, maxWaiters i
 }
 
 func (c natsClient) Open(ctx context.Context, name string) (Sem, error) {
-	s, err := natssem.Open(ctx, c.nc, name)
+	s, err := natssem.Open(ctx, c.nc, name, groupOpts(c.group)...)
 	if err != nil {
 		return nil, err
 	}

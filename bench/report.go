@@ -17,6 +17,7 @@ type Machine struct {
 	NATS, RabbitMQ     string
 	RabbitURL          string
 	NATSURL            string // empty: embedded
+	NATSGroup          string // natssem semaphores are keys of this group (-nats-group)
 	Redis              string
 	LoadStart, LoadEnd string
 }
@@ -231,10 +232,14 @@ func writeReading(w io.Writer, r *Report) {
 }
 
 func natsLine(m Machine) string {
-	if m.NATSURL != "" {
-		return brokerVersion("nats-server ", m.NATS, " at "+m.NATSURL+" (a server of its own, not embedded)")
+	group := ""
+	if m.NATSGroup != "" {
+		group = "; every semaphore a key of group " + m.NATSGroup + " (one stream and bucket)"
 	}
-	return brokerVersion("nats-server ", m.NATS, " (embedded in the harness process, loopback, file store, R1)")
+	if m.NATSURL != "" {
+		return brokerVersion("nats-server ", m.NATS, " at "+m.NATSURL+" (a server of its own, not embedded)"+group)
+	}
+	return brokerVersion("nats-server ", m.NATS, " (embedded in the harness process, loopback, file store, R1)"+group)
 }
 
 func brokerVersion(prefix, v, suffix string) string {
