@@ -102,6 +102,24 @@
 // renewal, and ForceDelete waits until its lease has run out. A waiter
 // learns it when its pull is refused.
 //
+// # Groups
+//
+// WithGroup makes a semaphore one key of a group, for many semaphores of
+// one kind (one per tenant, per route: see semgroup). The keys of group G
+// share the work-queue stream TOKENSEMG_G (key K's tokens on subject
+// tokensemg.G.K.tokens, taken through the consumer holders_K filtered on
+// it) and the KV bucket tokensemg_G (K's records under "K.": K.config,
+// K.slot.I, K.lock). Everything above holds per key: the protocol reads
+// and writes only the key's subject, consumer and records. A key costs the
+// broker one consumer instead of two streams and a consumer; see
+// docs/per-key-costs.md for measured costs and their limits (a work queue
+// checks each new consumer's filter against every other's, so creating a
+// key slows as the group grows). Deleting a key deletes its consumer,
+// purges its subject and then its records; the group's stream and bucket
+// stay. A key deleted and made again within the stream's duplicate window
+// gets fresh message IDs (its configuration names its life), and the first
+// Init of a new life purges whatever an earlier one left on the subject.
+//
 // # Limits
 //
 // Callers that wait longer than the pull expiry (default 5 minutes)

@@ -31,6 +31,7 @@ var lifecycles = []struct {
 	lc   lifecycle
 }{
 	{"nats", lifecycle{init: natsInit, del: natsDelete, exists: natsExists}},
+	{"nats-group", lifecycle{init: natsGroupInit, del: natsGroupDelete, exists: natsGroupExists}},
 	{"amqp", lifecycle{init: amqpInit, del: amqpDelete, exists: amqpExists}},
 }
 
@@ -47,6 +48,16 @@ func natsConn(t *testing.T) *nats.Conn {
 func natsDelete(t *testing.T) semgroup.DeleteFunc {
 	nc := natsConn(t)
 	return func(ctx context.Context, name string) error { return natssem.Delete(ctx, nc, name) }
+}
+
+func natsGroupDelete(t *testing.T) semgroup.DeleteFunc {
+	nc := natsConn(t)
+	return func(ctx context.Context, name string) error { return natssem.Delete(ctx, nc, name, inGroup) }
+}
+
+func natsGroupExists(t *testing.T, name string) bool {
+	_, err := natssem.Open(bounded(t), natsConn(t), name, inGroup)
+	return exists(t, err)
 }
 
 func natsExists(t *testing.T, name string) bool {

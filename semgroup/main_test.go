@@ -35,6 +35,7 @@ var backends = []struct {
 	init func(t *testing.T) semgroup.InitFunc
 }{
 	{"nats", natsInit},
+	{"nats-group", natsGroupInit},
 	{"amqp", amqpInit},
 }
 
@@ -47,6 +48,18 @@ func natsInit(t *testing.T) semgroup.InitFunc {
 	t.Cleanup(nc.Close)
 	return func(ctx context.Context, name string, permits int) (tokensem.Semaphore, error) {
 		return natssem.Init(ctx, nc, name, permits)
+	}
+}
+
+// inGroup makes the NATS semaphores of the "-group" backends keys of one
+// group (natssem.WithGroup), the layout meant for semgroup.
+var inGroup = natssem.WithGroup("semgroup")
+
+func natsGroupInit(t *testing.T) semgroup.InitFunc {
+	t.Helper()
+	nc := natsConn(t)
+	return func(ctx context.Context, name string, permits int) (tokensem.Semaphore, error) {
+		return natssem.Init(ctx, nc, name, permits, inGroup)
 	}
 }
 
