@@ -49,6 +49,11 @@ func connect(ctx context.Context, g *globals) (backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	if g.group != "" {
+		if err := tokensem.ValidateName(g.group); err != nil {
+			return nil, usageErr{fmt.Errorf("--group: %w", err)}
+		}
+	}
 	switch strings.ToLower(us[0].Scheme) {
 	case "nats", "tls":
 		return connectNATS(ctx, g, us)
@@ -109,6 +114,8 @@ func connectAMQP(ctx context.Context, g *globals, us []*url.URL) (backend, error
 		return nil, usageErr{fmt.Errorf("%s applies to nats:// only: RabbitMQ takes a user and password", cr.tokenSource)}
 	case cr.creds != "":
 		return nil, usageErr{errors.New("--creds applies to nats:// only: RabbitMQ takes a user and password")}
+	case g.group != "":
+		return nil, usageErr{errors.New("--group applies to nats:// only: a RabbitMQ semaphore is a quorum queue of its own")}
 	}
 	if cr.userpass {
 		for _, u := range us {
@@ -197,7 +204,16 @@ func (b amqpBackend) delete(ctx context.Context, name string, force bool) error 
 func (b amqpBackend) close() { _ = b.c.Close() }
 
 type natsBackend struct {
-	nc *nats.Conn
+	nc    *nats.Conn
+	group string // --group
+}
+
+// inGroup returns the option that names the group, if any.
+func (b natsBackend) inGroup() []natssem.Option {
+	if b.group == "" {
+		return nil
+	}
+	return []natssem.Option{natssem.WithGroup(b.group)}
 }
 
 func connectNATS(ctx context.Context, g *globals, us []*url.URL) (backend, error) {
@@ -251,7 +267,7 @@ func connectNATS(ctx context.Context, g *globals, us []*url.URL) (backend, error
 		// a TLS 1.3 handshake, not wrapped in nats.ErrTLS.
 		return nil, unavailableErr{withTLSHint(err)}
 	}
-	return natsBackend{nc: nc}, nil
+	return natsBackend{nc: nc, group: g.group}, nil
 }
 
 // natsCreds reads a NATS credentials file (a user JWT and the user's nkey
@@ -366,7 +382,7 @@ func isNATSAuth(err error) bool {
 }
 
 func (b natsBackend) options(o semOptions) []natssem.Option {
-	var opts []natssem.Option
+	opts := b.inGroup()
 	if o.log != nil {
 		opts = append(opts, natssem.WithLogger(o.log))
 	}
@@ -396,15 +412,15 @@ func (b natsBackend) open(ctx context.Context, name string, o semOptions) (token
 }
 
 func (b natsBackend) list(ctx context.Context) ([]tokensem.Info, error) {
-	infos, err := natssem.List(ctx, b.nc)
+	infos, err := natssem.List(ctx, b.nc, b.inGroup()...)
 	return infos, classify(err)
 }
 
 func (b natsBackend) delete(ctx context.Context, name string, force bool) error {
 	if force {
-		return classify(natssem.ForceDelete(ctx, b.nc, name))
+		return classify(natssem.ForceDelete(ctx, b.nc, name, b.inGroup()...))
 	}
-	return classify(natssem.Delete(ctx, b.nc, name))
+	return classify(natssem.Delete(ctx, b.nc, name, b.inGroup()...))
 }
 
 func (b natsBackend) close() { b.nc.Close() }

@@ -48,6 +48,9 @@ Flags common to every verb but server:
   --log-level L    the libraries' log on stderr from L: debug, info, warn
                    (default) or error
   --key-file PATH  shared token signing key (else $TOKENSEM_KEY, else unsigned)
+  --group G        nats:// only: the semaphore named is a key of group G, whose
+                   keys share one stream and one KV bucket (natssem.WithGroup);
+                   list then lists the keys of G. Default $TOKENSEM_GROUP
 
 Credentials and TLS (common to the same verbs; credentials in the URL,
 nats://user:pass@host or amqp://user:pass@host, work too; these flags win):
@@ -106,6 +109,7 @@ type globals struct {
 	// semaphore's round trips (natssem bounds an unset one by the lease).
 	timeoutSet bool
 	keyFile    string
+	group      string // --group: NATS semaphores are keys of this group
 
 	// Credentials; empty means not given. See password and token for the
 	// environment fallbacks.
@@ -144,6 +148,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&g.keyFile, "key-file", "", "token signing key file")
+	fs.StringVar(&g.group, "group", os.Getenv("TOKENSEM_GROUP"), "NATS: the semaphore is a key of this group (one stream and bucket for many)")
 	fs.StringVar(&g.user, "user", "", "user name")
 	fs.StringVar(&g.passwordFlag, "password", "", "password (else $TOKENSEM_PASSWORD)")
 	fs.StringVar(&g.tokenFlag, "token", "", "NATS token (else $TOKENSEM_TOKEN)")

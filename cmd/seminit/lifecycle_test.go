@@ -77,3 +77,31 @@ func testListDelete(t *testing.T, b broker) {
 		t.Fatalf("delete with no holder: %v", r)
 	}
 }
+
+// TestListDeleteGroup is TestListDelete on keys of a NATS group
+// ($TOKENSEM_GROUP, as an init container would set it): list lists the
+// group's keys, delete removes one key; --group is refused on RabbitMQ and
+// when it is not a valid name.
+func TestListDeleteGroup(t *testing.T) {
+	b := natsBroker()
+	b.group = "cli"
+	testListDelete(t, b)
+	name := uniqueName(t)
+	b.mustInit(t, name, 1)
+	if _, st := b.statusJSON(t, name); st.Resource != "TOKENSEMG_cli" {
+		t.Errorf("status of a key of group cli names %q, want the group's stream TOKENSEMG_cli", st.Resource)
+	}
+	if r := natsBroker().seminit(t, "list"); r.code != exitOK || strings.Contains(r.stdout, name) {
+		t.Errorf("list without a group shows the group's key %s: %v", name, r)
+	}
+	if r := b.seminit(t, "delete", "--name", name); r.code != exitOK {
+		t.Errorf("delete %s: %v", name, r)
+	}
+	if r := b.seminit(t, "list", "--group", "no.dots"); r.code != exitUsage || !strings.Contains(r.stderr, "--group") {
+		t.Errorf("list --group no.dots: %v\nwant exit %d naming --group", r, exitUsage)
+	}
+	a := amqpBroker(t)
+	if r := a.seminit(t, "list", "--group", "g"); r.code != exitUsage || !strings.Contains(r.stderr, "nats:// only") {
+		t.Errorf("list --group on RabbitMQ: %v\nwant exit %d", r, exitUsage)
+	}
+}

@@ -214,6 +214,7 @@ type broker struct {
 	url    string // "" when there is no such broker
 	prefix string // the token store's name is prefix+semaphore name
 	leases bool   // init takes --lease
+	group  string // NATS: semaphores are keys of this group ($TOKENSEM_GROUP)
 }
 
 // brokers are the backends: the `seminit server` and the RabbitMQ TestMain
@@ -266,6 +267,9 @@ func (b broker) env(extra ...string) []string {
 		}
 	}
 	env = append(env, "TOKENSEM_URL="+b.url)
+	if b.group != "" {
+		env = append(env, "TOKENSEM_GROUP="+b.group)
+	}
 	return append(env, extra...)
 }
 
