@@ -2,6 +2,7 @@ package natssem_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
 	"testing"
@@ -173,4 +174,63 @@ func BenchmarkWeighted(b *testing.B) {
 		b.Run(fmt.Sprintf("AcquireN-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, false) })
 		b.Run(fmt.Sprintf("singles-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, true) })
 	}
+}
+
+var groupKeys = flag.Int("groupkeys", 1000, "BenchmarkGroupKey: keys already in the group")
+
+// BenchmarkGroupKey times Init and Delete of one key in a group that
+// already holds -groupkeys keys (default 1,000; the set-up creates them,
+// 4 at a time), each key with 2 permits. A work-queue stream checks a new
+// consumer's filter against every other consumer's, so Init grows with the
+// group (docs/per-key-costs.md); Delete deletes the key's tokens one by one
+// because a purge of more than one message recounts every consumer.
+func BenchmarkGroupKey(b *testing.B) {
+	nc := connect(b, srv.Addr().String())
+	group := fmt.Sprintf("bench%d", time.Now().UnixNano())
+	in := natssem.WithGroup(group)
+	ctx := b.Context()
+	sem := make(chan struct{}, 4)
+	errs := make(chan error, *groupKeys)
+	for i := range *groupKeys {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			s, err := natssem.Init(ctx, nc, fmt.Sprintf("k%d", i), 2, in)
+			if err == nil {
+				err = s.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range *groupKeys {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(func() {
+		js, _ := jetstream.New(nc)
+		cctx := context.WithoutCancel(ctx)
+		_ = js.DeleteStream(cctx, natssem.GroupStreamName(group))
+		_ = js.DeleteKeyValue(cctx, natssem.GroupBucketName(group))
+	})
+	var inits, dels time.Duration
+	i := 0
+	for b.Loop() {
+		name := fmt.Sprintf("new%d", i)
+		i++
+		t0 := time.Now()
+		s, err := natssem.Init(ctx, nc, name, 2, in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = s.Close()
+		t1 := time.Now()
+		if err := natssem.Delete(ctx, nc, name, in); err != nil {
+			b.Fatal(err)
+		}
+		inits += t1.Sub(t0)
+		dels += time.Since(t1)
+	}
+	b.ReportMetric(float64(inits.Microseconds())/float64(i), "init-µs/op")
+	b.ReportMetric(float64(dels.Microseconds())/float64(i), "delete-µs/op")
 }

@@ -37,8 +37,8 @@ import (
 //     name, so a delete that resumes one cut short waits for (or, without
 //     force, refuses on) the same holders;
 //  4. it deletes the token stream, then the bucket. A key of a group
-//     (WithGroup) has its consumer deleted, its subject purged, and its
-//     records (configuration last) purged from the group's bucket.
+//     (WithGroup) has its consumer deleted, its tokens deleted, and its
+//     records (configuration among them) purged from the group's bucket.
 // A failure before step 4 puts the semaphore back (reopen): its records
 // reopen still naming their holders, who keep their slots until a lease
 // of silence. A holder therefore either makes Delete refuse, or never got
@@ -418,14 +418,14 @@ func (s *Semaphore) deleteStream(ctx context.Context, onlyThis bool) error {
 }
 
 // removeKey removes a group's key: its consumer (no token of it can be
-// delivered any more; waiting pulls end), the tokens on its subject, then
-// its records, the configuration among them, in one purge of the bucket's
-// stream. With onlyThis, finding none of it is ErrNotInitialized.
+// delivered any more; waiting pulls end), the tokens on its subject (see
+// clearTokens), then its records, the configuration among them, in one
+// purge of the bucket's stream. With onlyThis, finding none of it is ErrNotInitialized.
 func (s *Semaphore) removeKey(ctx context.Context, onlyThis bool) error {
 	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	found := true
 	err := s.js.DeleteConsumer(rctx, s.lay.stream, s.lay.consumer)
+	cancel()
+	found := true
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		if onlyThis {
@@ -437,13 +437,13 @@ func (s *Semaphore) removeKey(ctx context.Context, onlyThis bool) error {
 	case err != nil:
 		return wrapBrokerErr(err)
 	}
-	stream, err := s.js.Stream(rctx, s.lay.stream)
-	if err == nil {
-		err = stream.Purge(rctx, jetstream.WithPurgeSubject(s.lay.subject))
+	if _, err := s.clearTokens(ctx); err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
+		return err
 	}
-	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return wrapBrokerErr(err)
-	}
+	// The bucket's stream has no consumers but watchers, so one purge of
+	// the key's records is cheap there.
+	rctx, cancel = s.rtt(ctx)
+	defer cancel()
 	kvStream, err := s.js.Stream(rctx, s.lay.kvStream())
 	if err == nil {
 		err = kvStream.Purge(rctx, jetstream.WithPurgeSubject(s.lay.kvSubject(">")))

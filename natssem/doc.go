@@ -114,11 +114,13 @@
 // broker one consumer instead of two streams and a consumer; see
 // docs/per-key-costs.md for measured costs and their limits (a work queue
 // checks each new consumer's filter against every other's, so creating a
-// key slows as the group grows). Deleting a key deletes its consumer,
-// purges its subject and then its records; the group's stream and bucket
-// stay. A key deleted and made again within the stream's duplicate window
-// gets fresh message IDs (its configuration names its life), and the first
-// Init of a new life purges whatever an earlier one left on the subject.
+// key slows as the group grows). Deleting a key deletes its consumer, its
+// tokens (one by one: a purge of more than one message makes the server
+// recount every consumer of the stream) and then its records; the group's
+// stream and bucket stay. A key deleted and made again within the stream's
+// duplicate window gets fresh message IDs (its configuration names its
+// life), and the first Init of a new life deletes whatever an earlier one
+// left on the subject.
 //
 // # Limits
 //
