@@ -309,7 +309,7 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 				break
 			}
 			if cfg.natsGroup != "" {
-				res.Label = "natssem (group " + cfg.natsGroup + ")"
+				res.Label, res.Grouped = "natssem (group "+cfg.natsGroup+")", true
 			}
 			rep.Machine.NATS = ns.Version()
 			rep.Machine.NATSURL = cfg.natsURL

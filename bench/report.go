@@ -49,6 +49,7 @@ type Report struct {
 type SystemResult struct {
 	Key, Label string
 	Tokensem   bool
+	Grouped    bool          // natssem: semaphores are keys of one group (-nats-group)
 	Jitter     time.Duration // Redis: longest retry sleep
 	Skipped    string        // why the system did not run
 	Errs       map[string]string
