@@ -146,17 +146,23 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, fre
 	return wrapBrokerErr(err)
 }
 
-// prepareKey readies a group's key for the life whose configuration this
-// Init just created: the key's consumer, made now with that life's lease
-// (one left by an earlier life or an Init cut short may have another, and
-// a Delete that ran since this Init began may have removed it), and the
+// prepareKey readies a group's key for the seeding of a life (nothing for
+// a semaphore of its own): the key's consumer, made now with that life's
+// lease (one left by an earlier life or an Init cut short may have
+// another, and a Delete that ran since this Init began may have removed
+// it), and, when this Init has just created the configuration (fresh), the
 // key's subject emptied of what an earlier life left in it (a seeding that
-// stalled past a Delete).
-func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration) error {
+// stalled past a Delete). A seeding resumed or taken over keeps the
+// subject: tokens of its own life may be there already, and publishing
+// them again would be dropped as duplicates.
+func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration, fresh bool) error {
+	if !s.lay.grouped() {
+		return nil
+	}
 	rctx, cancel := s.rtt(ctx)
 	err := s.createConsumer(rctx, lease, true)
 	cancel()
-	if err != nil {
+	if err != nil || !fresh {
 		return err
 	}
 	n, err := s.clearTokens(ctx)
@@ -209,11 +215,9 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		rev, err := s.kv.Create(rctx, s.lay.key(configKey), want.encode())
 		cancel()
 		if err == nil {
-			if s.lay.grouped() {
-				if err := s.prepareKey(ctx, want.Lease); err != nil {
-					s.dropConfig(ctx, rev)
-					return config{}, err
-				}
+			if err := s.prepareKey(ctx, want.Lease, true); err != nil {
+				s.dropConfig(ctx, rev)
+				return config{}, err
 			}
 			return s.seed(ctx, want, rev)
 		}
@@ -243,7 +247,11 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 			return cfg, nil
 		}
 		if cfg.Seeder == me {
-			return s.seed(ctx, cfg, rev) // this Init's own seeding, interrupted: resume it
+			// This Init's own seeding, interrupted: resume it.
+			if err := s.prepareKey(ctx, cfg.Lease, false); err != nil {
+				return config{}, err
+			}
+			return s.seed(ctx, cfg, rev)
 		}
 		// Someone else is seeding: wait for them, or take over if they stalled.
 		if time.Since(time.UnixMilli(cfg.Created)) > seedStallTimeout {
@@ -253,6 +261,9 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 			cancel()
 			if err == nil {
 				s.log.Warn("took over a stalled token seeding")
+				if err := s.prepareKey(ctx, cfg.Lease, false); err != nil {
+					return config{}, err
+				}
 				return s.seed(ctx, cfg, rev)
 			}
 			continue

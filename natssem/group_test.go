@@ -252,3 +252,40 @@ func TestGroupConsumerLimits(t *testing.T) {
 	}
 	t.Logf("refused: %v; the group lists %d keys", last, len(infos))
 }
+
+// TestGroupMadeUnderAccountConsumerLimit: a group's first Init in an
+// account whose consumer limit is below MaxGroupKeys makes the group's
+// stream anyway (without a limit of its own: the server refuses a stream
+// limit above the account's), and the account's limit then caps the keys.
+func TestGroupMadeUnderAccountConsumerLimit(t *testing.T) {
+	small, err := embedded.Start(embedded.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Shutdown()
+	if err := small.NATS().GlobalAccount().UpdateJetStreamLimits(map[string]server.JetStreamAccountLimits{
+		"": {MaxMemory: -1, MaxStore: -1, MaxStreams: -1, MaxConsumers: 3},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc := connect(t, small.Addr().String())
+	ctx := semtest.Context(t, time.Minute)
+	in := natssem.WithGroup("capped")
+	for i := range 3 {
+		s, err := natssem.Init(ctx, nc, fmt.Sprintf("k%d", i), 1, in)
+		if err != nil {
+			t.Fatalf("key %d in an account limited to 3 consumers: %v", i, err)
+		}
+		p, err := s.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("key %d: acquire: %v", i, err)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatalf("key %d: release: %v", i, err)
+		}
+		_ = s.Close()
+	}
+	if _, err := natssem.Init(ctx, nc, "k3", 1, in); !errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
+		t.Fatalf("a fourth key: %v, want ErrMaximumConsumersLimit", err)
+	}
+}
