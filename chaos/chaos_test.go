@@ -72,7 +72,14 @@ func settle(t *testing.T, r *run, sem tokensem.Semaphore, inv reconciler.Invento
 // TestChaosNATS: workers on one NATS server, each behind its own fault
 // proxy; holders are killed, frozen past their lease, cut off and
 // delayed, and the server is restarted on the same store.
-func TestChaosNATS(t *testing.T) {
+func TestChaosNATS(t *testing.T) { chaosNATS(t, "") }
+
+// TestChaosNATSGroup is TestChaosNATS on a key of a group
+// (natssem.WithGroup) that has other keys beside it, sharing its stream
+// and bucket.
+func TestChaosNATSGroup(t *testing.T) { chaosNATS(t, "chaos") }
+
+func chaosNATS(t *testing.T, group string) {
 	p := chosenProfile(t)
 	store := t.TempDir()
 	srv, err := embedded.Start(embedded.Config{StoreDir: store})
@@ -82,23 +89,36 @@ func TestChaosNATS(t *testing.T) {
 	addr := srv.Addr().String()
 	defer func() { srv.Shutdown() }()
 
-	name := "chaos-nats"
-	admin := func() (*natssem.Semaphore, func()) {
+	name, label := "chaos-nats", "nats"
+	opts := []natssem.Option{natssem.WithLease(natsLease)}
+	rules := natsRules()
+	if group != "" {
+		label = "nats-group"
+		opts = append(opts, natssem.WithGroup(group))
+		rules = append(rules, withEnv(groupEnv+"="+group))
+	}
+	admin := func(name string) (*natssem.Semaphore, func()) {
 		nc, err := nats.Connect(srv.URL())
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := natssem.Init(semtest.Context(t, time.Minute), nc, name, p.permits, natssem.WithLease(natsLease))
+		s, err := natssem.Init(semtest.Context(t, time.Minute), nc, name, p.permits, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s, func() { _ = s.Close(); nc.Close() }
 	}
-	_, done := admin()
+	_, done := admin(name)
 	done()
+	if group != "" {
+		for i := range 3 { // neighbours in the group's stream and bucket
+			_, done := admin(fmt.Sprintf("neighbour-%d", i))
+			done()
+		}
+	}
 
 	ps := proxies(t, p.workers, addr)
-	r := newRun(t, p, "nats", "nats", name, func(pos int) string { return "nats://" + ps[pos].Addr() }, natsRules()...)
+	r := newRun(t, p, label, "nats", name, func(pos int) string { return "nats://" + ps[pos].Addr() }, rules...)
 	r.inject(map[string]func(){
 		"kill":      r.kill,
 		"freeze":    func() { r.freeze(natsLease + natsLease/2) },
@@ -116,7 +136,7 @@ func TestChaosNATS(t *testing.T) {
 			r.record(f)
 		},
 	})
-	sem, done := admin()
+	sem, done := admin(name)
 	defer done()
 	settle(t, r, sem, sem.Inventory())
 	// A killed holder's slot is back once its token is redelivered (a

@@ -40,6 +40,7 @@ type Report struct {
 const (
 	WorkerEnv  = "TOKENSEM_CHAOS_WORKER"  // the worker's id
 	backendEnv = "TOKENSEM_CHAOS_BACKEND" // "nats" or "amqp"
+	groupEnv   = "TOKENSEM_CHAOS_GROUP"   // nats: the semaphore is a key of this group
 	urlEnv     = "TOKENSEM_CHAOS_URL"     // broker URL(s), comma-separated for NATS
 	nameEnv    = "TOKENSEM_CHAOS_NAME"    // semaphore name
 	meterEnv   = "TOKENSEM_CHAOS_METER"   // host:port of the meter
@@ -155,7 +156,11 @@ func tryOpen(ctx context.Context, backend, url, name string) (tokensem.Semaphore
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := natssem.Open(octx, nc, name, natssem.WithLogger(workerLog()))
+		opts := []natssem.Option{natssem.WithLogger(workerLog())}
+		if g := os.Getenv(groupEnv); g != "" {
+			opts = append(opts, natssem.WithGroup(g))
+		}
+		s, err := natssem.Open(octx, nc, name, opts...)
 		if err != nil {
 			nc.Close()
 			return nil, nil, err
