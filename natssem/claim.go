@@ -35,7 +35,7 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 	tok, err := s.admit(ctx, m.Data)
 	if err != nil {
 		if errors.Is(err, reconciler.ErrNotCurrent) {
-			s.discard(m, seq, err)
+			s.discard(ctx, m, seq, err)
 			return nil, nil
 		}
 		s.giveBack(m)
@@ -168,12 +168,19 @@ func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, err
 }
 
 // discard removes a delivery that can never be a permit (junk, forged, of
-// another semaphore, or retired by a resize). Acking removes it from the
-// work queue; the delivery is ours, and it holds no slot.
-func (s *Semaphore) discard(m *nats.Msg, seq uint64, why error) {
+// another semaphore, or retired by a resize). Acking removes it from a
+// work queue; the delivery is ours, and it holds no slot. A group's stream
+// keeps acknowledged messages (see createGroupStream), so there it is
+// deleted too.
+func (s *Semaphore) discard(ctx context.Context, m *nats.Msg, seq uint64, why error) {
 	s.log.Warn("removing an invalid token message", "seq", seq, "reason", why)
 	if err := s.nc.Publish(m.Reply, ackAck); err != nil {
 		s.log.Warn("could not remove an invalid token message", "seq", seq, "err", err)
+	}
+	if s.lay.grouped() {
+		if err := s.deleteMsg(ctx, seq); err != nil {
+			s.log.Warn("could not delete an invalid token message", "seq", seq, "err", err)
+		}
 	}
 }
 

@@ -82,7 +82,13 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	return nil
 }
 
-// createGroupStream finds the group's stream, or creates it. Its consumer
+// createGroupStream finds the group's stream, or creates it. Unlike a lone
+// semaphore's, it keeps messages until they are deleted (limits retention)
+// rather than being a work queue: a work queue checks each new consumer's
+// filter against every other consumer's, which made creating a key grow
+// with the group (docs/per-key-costs.md). Tokens are never acknowledged
+// (a holder releases with a Nak), and whatever is acknowledged (junk) is
+// deleted as well (see discard), so nothing else changes. Its consumer
 // limit is MaxGroupKeys: unset, the server's default_max_consumers (1,000)
 // would cap the keys a group can hold. An account with a lower consumer
 // limit refuses that (and would refuse re-creating the stream as it is:
@@ -95,6 +101,7 @@ func (s *Semaphore) createGroupStream(ctx context.Context, sc jetstream.StreamCo
 	}
 	sc.Description = "tokensem tokens of group " + s.lay.group
 	sc.Subjects = []string{GroupSubject(s.lay.group, "*")}
+	sc.Retention = jetstream.LimitsPolicy
 	sc.MaxConsumers = MaxGroupKeys
 	stream, err = s.js.CreateStream(ctx, sc)
 	if errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
