@@ -106,15 +106,18 @@
 //
 // WithGroup makes a semaphore one key of a group, for many semaphores of
 // one kind (one per tenant, per route: see semgroup). The keys of group G
-// share the work-queue stream TOKENSEMG_G (key K's tokens on subject
+// share the token stream TOKENSEMG_G (key K's tokens on subject
 // tokensemg.G.K.tokens, taken through the consumer holders_K filtered on
 // it) and the KV bucket tokensemg_G (K's records under "K.": K.config,
 // K.slot.I, K.lock). Everything above holds per key: the protocol reads
 // and writes only the key's subject, consumer and records. A key costs the
 // broker one consumer instead of two streams and a consumer; see
-// docs/per-key-costs.md for measured costs and their limits (a work queue
-// checks each new consumer's filter against every other's, so creating a
-// key slows as the group grows). Deleting a key deletes its consumer, its
+// docs/per-key-costs.md for measured costs and their limits. The group's
+// stream keeps messages until they are deleted instead of being a work
+// queue (a work queue checks each new consumer's filter against every
+// other's, so creating a key slowed as the group grew); tokens are never
+// acknowledged, and junk a claimer acknowledges it also deletes, so the
+// protocol is unchanged. Deleting a key deletes its consumer, its
 // tokens (one by one: a purge of more than one message makes the server
 // recount every consumer of the stream) and then its records; the group's
 // stream and bucket stay. A key deleted and made again within the stream's
