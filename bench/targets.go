@@ -282,9 +282,9 @@ func addManySems(ts *[]Target, s *SystemResult) {
 		t.Why = "each semaphore is a stream, a KV bucket (a stream too) and a consumer of its own: creating one is several " +
 			"replicated stream creations, and every open one adds server state and subscriptions"
 		if s.Grouped {
-			t.Why = "each key is a consumer of the group's work-queue stream, and the server checks a new consumer's filter " +
-				"against every other consumer's (stream.partitionUnique), so creating one grows with the group; every consumer " +
-				"rewrites its state file as keys take turns (docs/per-key-costs.md has the profile)"
+			t.Why = "each key is a consumer of the group's stream and records in its bucket: an Init is about eight JetStream " +
+				"API requests, run 4 at a time here, and every consumer rewrites its state file as keys take turns " +
+				"(docs/per-key-costs.md has the profiles)"
 		}
 	}
 	*ts = append(*ts, t)
