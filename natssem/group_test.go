@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
@@ -120,23 +121,32 @@ func TestGroupKeysApart(t *testing.T) {
 	}
 }
 
+// groupWithNeighbour makes group's stream and bucket with a key "other"
+// in it (closed at the end of the test), and returns a connection, its
+// JetStream context and the group's option.
+func groupWithNeighbour(t *testing.T, group string) (*nats.Conn, jetstream.JetStream, natssem.Option) {
+	t.Helper()
+	nc := connect(t, srv.Addr().String())
+	in := natssem.WithGroup(group)
+	other, err := natssem.Init(semtest.Context(t, time.Minute), nc, "other", 1, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js, in
+}
+
 // TestGroupInitClearsLeftovers: messages an earlier life left on a key's
 // subject (a seeding that stalled past a Delete, an operator's publish) are
 // purged when the key is made, so its census starts clean.
 func TestGroupInitClearsLeftovers(t *testing.T) {
 	const group, key = "leftovers", "k"
-	nc := connect(t, srv.Addr().String())
+	nc, js, in := groupWithNeighbour(t, group)
 	ctx := semtest.Context(t, time.Minute)
-	in := natssem.WithGroup(group)
-	other, err := natssem.Init(ctx, nc, "other", 1, in) // makes the group's stream
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := range 3 {
 		if _, err := js.Publish(ctx, natssem.GroupSubject(group, key), fmt.Appendf(nil, "leftover %d", i)); err != nil {
 			t.Fatal(err)
@@ -158,18 +168,8 @@ func TestGroupInitClearsLeftovers(t *testing.T) {
 // lease, not the stale one.
 func TestGroupStaleConsumerGetsTheLease(t *testing.T) {
 	const group, key, lease = "stale-consumer", "k", 3 * time.Second
-	nc := connect(t, srv.Addr().String())
+	nc, js, in := groupWithNeighbour(t, group)
 	ctx := semtest.Context(t, time.Minute)
-	in := natssem.WithGroup(group)
-	other, err := natssem.Init(ctx, nc, "other", 1, in)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := js.CreateConsumer(ctx, natssem.GroupStreamName(group), jetstream.ConsumerConfig{
 		Durable: "holders_" + key, FilterSubject: natssem.GroupSubject(group, key),
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour,
