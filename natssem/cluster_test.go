@@ -154,7 +154,15 @@ func TestClusterContention(t *testing.T) {
 // permits are held and callers wait, and brings it back later. The holders
 // keep their permits (their lease outlasts the election), every waiter is
 // served, no call fails, and no more than N hold at once.
-func TestClusterLeaderLoss(t *testing.T) {
+func TestClusterLeaderLoss(t *testing.T) { clusterLeaderLoss(t, "") }
+
+// TestClusterLeaderLossGroup is TestClusterLeaderLoss on a key of a group
+// (natssem.WithGroup), whose stream and bucket its neighbours share.
+func TestClusterLeaderLossGroup(t *testing.T) {
+	clusterLeaderLoss(t, fmt.Sprintf("leaderloss%d", time.Now().UnixNano()))
+}
+
+func clusterLeaderLoss(t *testing.T, group string) {
 	const (
 		permits = 2
 		waiters = 6
@@ -163,19 +171,30 @@ func TestClusterLeaderLoss(t *testing.T) {
 	c := cluster(t)
 	name := fmt.Sprintf("leaderloss-%d", time.Now().UnixNano())
 	ctx := semtest.Context(t, 2*time.Minute)
-	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, permits, natssem.WithReplicas(3), natssem.WithLease(lease))
+	var in []natssem.Option
+	stream := natssem.StreamName(name)
+	if group != "" {
+		in, stream = []natssem.Option{natssem.WithGroup(group)}, natssem.GroupStreamName(group)
+		neighbour, err := natssem.Init(ctx, connectCluster(t, 1), "neighbour", 1, natssem.WithReplicas(3), in[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer neighbour.Close()
+	}
+	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, permits,
+		append([]natssem.Option{natssem.WithReplicas(3), natssem.WithLease(lease)}, in...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	leader, err := c.StreamLeader(ctx, connectCluster(t, 0), natssem.StreamName(name))
+	leader, err := c.StreamLeader(ctx, connectCluster(t, 0), stream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Every client prefers a node that survives.
 	survivor := (leader + 1) % c.Size()
 	open := func() *natssem.Semaphore {
-		s, err := natssem.Open(ctx, connectCluster(t, survivor), name)
+		s, err := natssem.Open(ctx, connectCluster(t, survivor), name, in...)
 		if err != nil {
 			t.Fatal(err)
 		}
