@@ -118,9 +118,9 @@ func (s *Semaphore) createGroupStream(ctx context.Context, sc jetstream.StreamCo
 const MaxGroupKeys = 1_000_000
 
 // createConsumer creates the holders consumer with an ack wait of lease.
-// One that exists with another configuration is kept, or (fresh: a new
-// life of a group's key, no token of which exists yet) replaced.
-func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, fresh bool) error {
+// One that exists with another configuration is kept, or (replace: a
+// group's key being seeded, whose tokens nobody can hold yet) replaced.
+func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, replace bool) error {
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.lay.consumer,
 		Description:   "tokensem holders of " + s.name,
@@ -135,7 +135,7 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, fre
 		cc.FilterSubject = s.lay.subject
 	}
 	_, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
-	if fresh && errors.Is(err, jetstream.ErrConsumerExists) {
+	if replace && errors.Is(err, jetstream.ErrConsumerExists) {
 		// Left with another configuration, which cannot all be updated
 		// (the server refuses a new MaxWaiting): made anew.
 		s.log.Info("replacing the key's consumer left by an earlier life")
@@ -144,7 +144,7 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, fre
 		}
 	}
 	switch {
-	case err == nil, !fresh && errors.Is(err, jetstream.ErrConsumerExists):
+	case err == nil, !replace && errors.Is(err, jetstream.ErrConsumerExists):
 		return nil
 	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
 		// Not a broker that failed to answer: retrying cannot help.

@@ -164,25 +164,28 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 		return err
 	}
 	*removed = true // from here on, what a later try does not find is gone
+	if err := s.removeResources(ctx); err != nil {
+		return err
+	}
+	h.abandon() // the lock record went with the bucket (or the key's records)
+	s.log.Info("semaphore deleted")
+	return nil
+}
+
+// removeResources is step 4: the token stream, then the bucket; of a key
+// of a group, the key's share of them (removeKey).
+func (s *Semaphore) removeResources(ctx context.Context) error {
 	if s.lay.grouped() {
-		if err := s.removeKey(ctx, false); err != nil {
-			return err
-		}
-		h.abandon() // the lock record went with the key's records
-		s.log.Info("semaphore deleted")
-		return nil
+		return s.removeKey(ctx, false)
 	}
 	if err := s.deleteStream(ctx, false); err != nil {
 		return err
 	}
 	rctx, cancel := s.rtt(ctx)
-	err = s.js.DeleteKeyValue(rctx, s.lay.bucket)
-	cancel()
-	if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+	defer cancel()
+	if err := s.js.DeleteKeyValue(rctx, s.lay.bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return wrapBrokerErr(err)
 	}
-	h.abandon() // the lock went with the bucket
-	s.log.Info("semaphore deleted")
 	return nil
 }
 
@@ -420,7 +423,8 @@ func (s *Semaphore) deleteStream(ctx context.Context, onlyThis bool) error {
 // removeKey removes a group's key: its consumer (no token of it can be
 // delivered any more; waiting pulls end), the tokens on its subject (see
 // clearTokens), then its records, the configuration among them, in one
-// purge of the bucket's stream. With onlyThis, finding none of it is ErrNotInitialized.
+// purge of the bucket's stream. With onlyThis, finding none of it is
+// ErrNotInitialized.
 func (s *Semaphore) removeKey(ctx context.Context, onlyThis bool) error {
 	rctx, cancel := s.rtt(ctx)
 	err := s.js.DeleteConsumer(rctx, s.lay.stream, s.lay.consumer)

@@ -66,7 +66,7 @@ func (l layout) grouped() bool { return l.group != "" }
 func (l layout) key(k string) string { return l.prefix + k }
 
 // slotKey returns the KV key of slot index's record.
-func (l layout) slotKey(index int) string { return l.prefix + slotPrefix + strconv.Itoa(index) }
+func (l layout) slotKey(index int) string { return l.key(slotPrefix + strconv.Itoa(index)) }
 
 // kvSubject returns the subject of the semaphore's record k in the
 // bucket's stream.

@@ -136,12 +136,3 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 
 // stateCreating is what List reports of a semaphore that is not ready.
 const stateCreating = "creating"
-
-// mustOptions returns the default options.
-func mustOptions() options {
-	o, err := newOptions(nil)
-	if err != nil {
-		panic(err) // the defaults are valid
-	}
-	return o
-}

@@ -17,10 +17,10 @@ import (
 // slotPrefix starts the KV key of every slot record.
 const slotPrefix = "slot."
 
-// record is a slot's lease record, stored under layout.slotKey(index). It, not the
-// token delivery, decides who holds the slot: a delivery becomes a permit
-// only by a compare-and-set of this record, and its KV revision is the
-// fencing number. Holder is empty when the slot is free.
+// record is a slot's lease record, stored under layout.slotKey(index). It,
+// not the token delivery, decides who holds the slot: a delivery becomes a
+// permit only by a compare-and-set of this record, and its KV revision is
+// the fencing number. Holder is empty when the slot is free.
 type record struct {
 	Holder string `json:"h,omitempty"` // unique id of the holding acquire
 	Owner  string `json:"o,omitempty"` // holder's name, for Status
