@@ -129,7 +129,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					unanswered = time.Time{}
 					// A claim is short and runs to its end even if ctx
 					// ends meanwhile: its outcome must be known.
-					p, err := s.claim(context.WithoutCancel(ctx), m)
+					p, err := s.claim(context.WithoutCancel(ctx), ctx.Done(), m)
 					switch {
 					case p != nil:
 						return p, nil

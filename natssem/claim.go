@@ -26,7 +26,11 @@ import (
 // A won write makes a permit only with at least minHold left before its
 // deadline; a later one (a slow broker, an election) frees the record again
 // and hands the token on, and the caller keeps waiting.
-func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
+//
+// ctx bounds nothing but round trips (a claim runs to its end); gaveUp
+// closes when the caller stops waiting, which ends a wait for a release
+// (awaitRelease).
+func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.Msg) (*Permit, error) {
 	meta, err := m.Metadata()
 	if err != nil {
 		return nil, nil // not a JetStream delivery
@@ -70,6 +74,22 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 			}
 			if cur.live(now, lease) {
 				if cur.rec.Seq == seq {
+					// Most often its holder released it and this read
+					// came from a replica that has not applied the free
+					// write yet (awaitRelease).
+					s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
+					next, changed, err := s.awaitRelease(ctx, gaveUp, tok.Index, cur.rev)
+					switch {
+					case err != nil:
+						s.giveBack(m)
+						return nil, err
+					case changed:
+						cur, ok = next, true
+						continue
+					case chanClosed(gaveUp):
+						s.giveBack(m) // the caller left: hand it on
+						return nil, nil
+					}
 					s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", cur.rec.Owner)
 					return nil, nil
 				}
@@ -111,6 +131,50 @@ func (s *Semaphore) claim(ctx context.Context, m *nats.Msg) (*Permit, error) {
 		}
 	}
 	return nil, nil
+}
+
+// awaitRelease waits for a slot record that a delivery of the very token
+// it names found held by a live holder to change. A release writes the
+// free record before its Nak, but on a replicated bucket the read is a
+// direct get that any replica may answer, and one replica may apply an
+// acknowledged write a few milliseconds after the quorum did
+// (docs/nats-cluster-facts.md): stepping away then would leave the token
+// unused until the server redelivers it, a whole lease later. The record is
+// read again at growing intervals for up to the request timeout; changed is
+// false if it did not change by then (a token redelivered while its holder
+// lives, by a stale Nak: the caller steps away) or if gaveUp closed first.
+func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, index int, rev uint64) (e slotEntry, changed bool, err error) {
+	limit := time.NewTimer(s.opts.RequestTimeout)
+	defer limit.Stop()
+	var pause time.Duration // the first read follows at once
+	for {
+		if pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-gaveUp:
+				t.Stop()
+				return slotEntry{}, false, nil
+			case <-limit.C:
+				t.Stop()
+				return slotEntry{}, false, nil
+			case <-t.C:
+			}
+		}
+		e, err := s.slots.read(ctx, index)
+		if err != nil || e.rev != rev {
+			return e, err == nil, err
+		}
+		pause = min(max(2*pause, 100*time.Microsecond), 20*time.Millisecond)
+	}
+}
+
+func chanClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // delivery is a token delivery being claimed, and the record written for

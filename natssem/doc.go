@@ -25,9 +25,13 @@
 //   - Free record: compare-and-set it to us. We hold the permit.
 //   - Record held, and written less than one lease ago by the server's clock
 //     (entry timestamp against the server time in consumer info): the holder
-//     is alive and the delivery came from a stale Nak; step away without
-//     touching it. If the record names another stream sequence, this
-//     delivery is a duplicate token of a held slot: delete it.
+//     may have released the token while this read came from a replica that
+//     has not applied the free write yet, so read the record again at growing
+//     intervals, for up to the request timeout, and decide afresh once it
+//     changes. If it does not, the holder is alive and the delivery came from
+//     a stale Nak: step away without touching it. If the record names another
+//     stream sequence, this delivery is a duplicate token of a held slot:
+//     delete it.
 //   - Record held but silent for a whole lease: its holder gave up (see
 //     below); take it over by compare-and-set.
 //
@@ -46,8 +50,9 @@
 // broker, an election) frees the record again and hands the token on
 // instead of returning a permit that is about to expire.
 //
-// Costs on loopback: acquire is one pull plus one compare-and-set, release
-// one compare-and-set plus a one-way Nak (see BenchmarkCycle and
+// Costs on loopback: acquire is one pull plus one compare-and-set (after a
+// read of the record when another client freed it), release one
+// compare-and-set plus a one-way Nak (see BenchmarkCycle and
 // BenchmarkHandoff).
 //
 // # Clocks
