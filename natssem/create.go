@@ -57,7 +57,7 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	}
 	s.stream = stream
 	if !s.lay.grouped() {
-		if err := s.createConsumer(rctx, s.opts.Lease, false); err != nil {
+		if _, err := s.createConsumer(rctx, s.opts.Lease, false); err != nil {
 			return err
 		}
 	}
@@ -71,9 +71,18 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	if s.lay.grouped() {
 		kc.Description = "tokensem config and slot leases of group " + s.lay.group
 	}
-	kv, err := s.js.CreateKeyValue(rctx, kc)
-	if errors.Is(err, jetstream.ErrBucketExists) {
+	var kv jetstream.KeyValue
+	err = jetstream.ErrBucketNotFound
+	if s.lay.grouped() {
+		// Most keys join a group whose bucket exists: one lookup, where
+		// creating asks for the account's limits first and then creates.
 		kv, err = s.js.KeyValue(rctx, s.lay.bucket)
+	}
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = s.js.CreateKeyValue(rctx, kc)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = s.js.KeyValue(rctx, s.lay.bucket)
+		}
 	}
 	if err != nil {
 		return wrapBrokerErr(err)
@@ -120,7 +129,10 @@ const MaxGroupKeys = 1_000_000
 // createConsumer creates the holders consumer with an ack wait of lease.
 // One that exists with another configuration is kept, or (replace: a
 // group's key being seeded, whose tokens nobody can hold yet) replaced.
-func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, replace bool) error {
+// It reports whether the consumer it made or found has never delivered a
+// message and sees none on its subject (empty), which only a created or
+// replaced consumer's answer can tell.
+func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, replace bool) (empty bool, err error) {
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.lay.consumer,
 		Description:   "tokensem holders of " + s.name,
@@ -134,23 +146,28 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, rep
 	if s.lay.grouped() {
 		cc.FilterSubject = s.lay.subject
 	}
-	_, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
+	c, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
 	if replace && errors.Is(err, jetstream.ErrConsumerExists) {
 		// Left with another configuration, which cannot all be updated
 		// (the server refuses a new MaxWaiting): made anew.
 		s.log.Info("replacing the key's consumer left by an earlier life")
 		if err = s.js.DeleteConsumer(ctx, s.lay.stream, s.lay.consumer); err == nil || errors.Is(err, jetstream.ErrConsumerNotFound) {
-			_, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
+			c, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
 		}
 	}
 	switch {
-	case err == nil, !replace && errors.Is(err, jetstream.ErrConsumerExists):
-		return nil
+	case err == nil:
+		// Delivering all of its subject from the start, a consumer that
+		// has delivered nothing counts every message there as pending.
+		info := c.CachedInfo()
+		return info != nil && info.Delivered.Consumer == 0 && info.NumAckPending == 0 && info.NumPending == 0, nil
+	case !replace && errors.Is(err, jetstream.ErrConsumerExists):
+		return false, nil
 	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
 		// Not a broker that failed to answer: retrying cannot help.
-		return fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
+		return false, fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
 	}
-	return wrapBrokerErr(err)
+	return false, wrapBrokerErr(err)
 }
 
 // prepareKey readies a group's key for the seeding of a life (nothing for
@@ -159,7 +176,8 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, rep
 // another, and a Delete that ran since this Init began may have removed
 // it), and, when this Init has just created the configuration (fresh), the
 // key's subject emptied of what an earlier life left in it (a seeding that
-// stalled past a Delete). A seeding resumed or taken over keeps the
+// stalled past a Delete; nothing to do when the new consumer sees the
+// subject empty). A seeding resumed or taken over keeps the
 // subject: tokens of its own life may be there already, and publishing
 // them again would be dropped as duplicates.
 func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration, fresh bool) error {
@@ -167,9 +185,9 @@ func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration, fresh b
 		return nil
 	}
 	rctx, cancel := s.rtt(ctx)
-	err := s.createConsumer(rctx, lease, true)
+	empty, err := s.createConsumer(rctx, lease, true)
 	cancel()
-	if err != nil || !fresh {
+	if err != nil || !fresh || empty {
 		return err
 	}
 	n, err := s.clearTokens(ctx)
