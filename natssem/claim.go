@@ -140,11 +140,12 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 // acknowledged write a few milliseconds after the quorum did
 // (docs/nats-cluster-facts.md): stepping away then would leave the token
 // unused until the server redelivers it, a whole lease later. The record is
-// read again at growing intervals for up to the request timeout; changed is
-// false if it did not change by then (a token redelivered while its holder
-// lives, by a stale Nak: the caller steps away) or if gaveUp closed first.
+// read again at growing intervals for up to s.releaseWait; changed is false
+// if it did not change by then (a token redelivered while its holder lives,
+// by a stale Nak or a restart that forgot it was out: the caller steps
+// away) or if gaveUp closed first.
 func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, index int, rev uint64) (e slotEntry, changed bool, err error) {
-	limit := time.NewTimer(s.opts.RequestTimeout)
+	limit := time.NewTimer(s.releaseWait)
 	defer limit.Stop()
 	var pause time.Duration // the first read follows at once
 	for {
@@ -167,6 +168,11 @@ func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, in
 		pause = min(max(2*pause, 100*time.Microsecond), 20*time.Millisecond)
 	}
 }
+
+// maxReleaseWait bounds awaitRelease: far longer than a replica takes to
+// apply a write, short enough that a caller handed a token its live holder
+// still has (which steps it away in the end) loses little.
+const maxReleaseWait = time.Second
 
 func chanClosed(c <-chan struct{}) bool {
 	select {

@@ -57,6 +57,7 @@ func TestWaiterAwaitsALateRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
+	b.releaseWait = lease / 4 // the held-back write must not outlast the wait
 
 	p, err := a.acquire(ctx, false)
 	if err != nil {

@@ -15,7 +15,15 @@ import (
 // waits. The pull it had queued died with the server; it must pull again as
 // soon as its connection is back, not after missing heartbeats, and get the
 // permit released after the restart.
-func TestWaiterAcrossRestart(t *testing.T) {
+func TestWaiterAcrossRestart(t *testing.T) { testWaiterAcrossRestart(t) }
+
+// TestWaiterAcrossRestartGroup is TestWaiterAcrossRestart on a key of a
+// group (a consumer of its own on the group's stream).
+func TestWaiterAcrossRestartGroup(t *testing.T) {
+	testWaiterAcrossRestart(t, natssem.WithGroup("restart"))
+}
+
+func testWaiterAcrossRestart(t *testing.T, layout ...natssem.Option) {
 	const heartbeat = 5 * time.Second
 	store := t.TempDir()
 	s1, err := embedded.Start(embedded.Config{StoreDir: store})
@@ -38,12 +46,13 @@ func TestWaiterAcrossRestart(t *testing.T) {
 		return nc
 	}
 	ctx := semtest.Context(t, time.Minute)
-	holder, err := natssem.Init(ctx, conn(), "restart", 1, natssem.WithLease(4*time.Second), natssem.WithPullHeartbeat(heartbeat))
+	const lease = 4 * time.Second
+	holder, err := natssem.Init(ctx, conn(), "restart", 1, append(layout, natssem.WithLease(lease), natssem.WithPullHeartbeat(heartbeat))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	waiter, err := natssem.Open(ctx, conn(), "restart", natssem.WithPullHeartbeat(heartbeat))
+	waiter, err := natssem.Open(ctx, conn(), "restart", append(layout, natssem.WithPullHeartbeat(heartbeat))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +78,15 @@ func TestWaiterAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Shutdown()
+	// The holder keeps its permit across the restart (it renews every
+	// lease/3), and nobody else gets the slot meanwhile.
+	select {
+	case err := <-got:
+		t.Fatalf("the waiter's Acquire returned while the holder held the only permit (err %v)", err)
+	case <-p.Done():
+		t.Fatalf("the holder lost its permit across the restart: %v", p.Err())
+	case <-time.After(lease / 2):
+	}
 	if err := p.Release(ctx); err != nil {
 		t.Fatalf("release after the restart: %v", err)
 	}

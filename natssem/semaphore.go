@@ -43,6 +43,9 @@ type Semaphore struct {
 	returned *handbacks
 	slots    *slotStore    // set once the bucket is found
 	lockTTL  time.Duration // see lock
+	// releaseWait bounds a claim's wait for a release it cannot see yet
+	// (awaitRelease).
+	releaseWait time.Duration
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
 
@@ -218,19 +221,20 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		log = log.With("group", o.group)
 	}
 	return &Semaphore{
-		nc:       nc,
-		js:       js,
-		name:     name,
-		lay:      lay,
-		opts:     o,
-		codec:    tokensem.NewCodec(o.Key),
-		log:      log,
-		pullSubj: "$JS.API.CONSUMER.MSG.NEXT." + lay.stream + "." + lay.consumer,
-		seeder:   ids.New(),
-		returned: newHandbacks(nc),
-		waitPull: mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
-		done:     make(chan struct{}),
-		lockTTL:  defaultLockTTL,
+		nc:          nc,
+		js:          js,
+		name:        name,
+		lay:         lay,
+		opts:        o,
+		codec:       tokensem.NewCodec(o.Key),
+		log:         log,
+		pullSubj:    "$JS.API.CONSUMER.MSG.NEXT." + lay.stream + "." + lay.consumer,
+		seeder:      ids.New(),
+		returned:    newHandbacks(nc),
+		waitPull:    mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
+		done:        make(chan struct{}),
+		lockTTL:     defaultLockTTL,
+		releaseWait: min(o.RequestTimeout, maxReleaseWait),
 	}, nil
 }
 
