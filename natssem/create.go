@@ -145,6 +145,14 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, rep
 	}
 	if s.lay.grouped() {
 		cc.FilterSubject = s.lay.subject
+		// The consumer's state in memory, not in a file: with many keys
+		// taking turns, rewriting each consumer's state file was the
+		// server's largest cost (docs/per-key-costs.md). A standalone
+		// server forgets such a consumer when it restarts; the first client
+		// to miss it makes it again (restoreConsumer), and each token that
+		// was out is delivered once more, to a receiver that finds its live
+		// holder's record and steps away (see claim).
+		cc.MemoryStorage = true
 	}
 	c, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
 	if replace && errors.Is(err, jetstream.ErrConsumerExists) {

@@ -78,6 +78,10 @@ func testWaiterAcrossRestart(t *testing.T, layout ...natssem.Option) {
 		t.Fatal(err)
 	}
 	defer s2.Shutdown()
+	// A client that opens the semaphore now finds it whole.
+	if _, err := natssem.Open(ctx, conn(), "restart", layout...); err != nil {
+		t.Fatalf("open after the restart: %v", err)
+	}
 	// The holder keeps its permit across the restart (it renews every
 	// lease/3), and nobody else gets the slot meanwhile.
 	select {
