@@ -129,7 +129,11 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					unanswered = time.Time{}
 					// A claim is short and runs to its end even if ctx
 					// ends meanwhile: its outcome must be known.
-					p, err := s.claim(context.WithoutCancel(ctx), ctx.Done(), m)
+					gaveUp := ctx.Done()
+					if noWait {
+						gaveUp = nil // TryAcquire does not wait for a release
+					}
+					p, err := s.claim(context.WithoutCancel(ctx), gaveUp, m)
 					switch {
 					case p != nil:
 						return p, nil
@@ -176,13 +180,6 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					// semaphore was deleted.
 					if unanswered.IsZero() {
 						unanswered = time.Now()
-						if s.lay.grouped() {
-							// A key's consumer lost in a restart is made
-							// again at once (see restoreConsumer).
-							if err := s.checkConsumer(ctx); err != nil && !transient(err) {
-								return nil, err
-							}
-						}
 					}
 					if time.Since(unanswered) > s.opts.RequestTimeout {
 						err := s.checkConsumer(ctx)
@@ -235,44 +232,6 @@ func (s *Semaphore) checkWaiterQueue(ctx context.Context) error {
 	return nil
 }
 
-// restoreConsumer makes a group key's consumer again when it is missing
-// while the key is ready: a consumer whose state is in memory (see
-// createConsumer) does not survive a standalone server's restart. A Delete
-// marks the configuration before it removes the consumer, so a key being
-// deleted (or made anew, with another life) is left alone, and a consumer
-// made while a Delete began is removed again. It reports whether the
-// consumer was made.
-func (s *Semaphore) restoreConsumer(ctx context.Context) (bool, error) {
-	ours := func(cfg config) bool {
-		life := s.config().Life
-		return cfg.State == stateReady && (life == "" || cfg.Life == life)
-	}
-	cfg, _, err := s.readConfig(ctx)
-	if errors.Is(err, tokensem.ErrNotInitialized) || err == nil && !ours(cfg) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	if _, err := s.createConsumer(rctx, cfg.Lease, false); err != nil {
-		return false, err
-	}
-	now, _, err := s.readConfig(ctx)
-	if err == nil && ours(now) && now.Life == cfg.Life {
-		s.log.Warn("made the key's missing consumer again (a server restart forgets it)")
-		return true, nil
-	}
-	if derr := s.js.DeleteConsumer(rctx, s.lay.stream, s.lay.consumer); derr != nil && !errors.Is(derr, jetstream.ErrConsumerNotFound) {
-		s.log.Warn("could not remove a consumer made while the key was being deleted", "err", derr)
-	}
-	if errors.Is(err, tokensem.ErrNotInitialized) {
-		err = nil
-	}
-	return false, err
-}
-
 // checkConsumer returns nil if the holders consumer answers,
 // tokensem.ErrNotInitialized if it or its stream is gone, or the broker's
 // error.
@@ -299,15 +258,6 @@ func (s *Semaphore) consumerInfo(ctx context.Context) (*jetstream.ConsumerInfo, 
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	c, err := s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) && s.lay.grouped() {
-		var restored bool
-		if restored, err = s.restoreConsumer(ctx); err == nil {
-			err = jetstream.ErrConsumerNotFound
-			if restored {
-				c, err = s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)
-			}
-		}
-	}
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
 		return nil, fmt.Errorf("%w: %s: %w", tokensem.ErrNotInitialized, s.name, err)

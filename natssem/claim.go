@@ -29,7 +29,8 @@ import (
 //
 // ctx bounds nothing but round trips (a claim runs to its end); gaveUp
 // closes when the caller stops waiting, which ends a wait for a release
-// (awaitRelease).
+// (awaitRelease). A nil gaveUp (TryAcquire, which returns at once) does not
+// wait for a release.
 func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.Msg) (*Permit, error) {
 	meta, err := m.Metadata()
 	if err != nil {
@@ -77,8 +78,12 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 					// Most often its holder released it and this read
 					// came from a replica that has not applied the free
 					// write yet (awaitRelease).
-					s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
-					next, changed, err := s.awaitRelease(ctx, gaveUp, tok.Index, cur.rev)
+					var next slotEntry
+					var changed bool
+					if gaveUp != nil {
+						s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
+						next, changed, err = s.awaitRelease(ctx, gaveUp, tok.Index, cur)
+					}
 					switch {
 					case err != nil:
 						s.giveBack(m)
@@ -86,7 +91,7 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 					case changed:
 						cur, ok = next, true
 						continue
-					case chanClosed(gaveUp):
+					case gaveUp != nil && chanClosed(gaveUp):
 						s.giveBack(m) // the caller left: hand it on
 						return nil, nil
 					}
@@ -134,18 +139,19 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 }
 
 // awaitRelease waits for a slot record that a delivery of the very token
-// it names found held by a live holder to change. A release writes the
-// free record before its Nak, but on a replicated bucket the read is a
-// direct get that any replica may answer, and one replica may apply an
-// acknowledged write a few milliseconds after the quorum did
+// it names found held by a live holder (held) to change hands. A release
+// writes the free record before its Nak, but on a replicated bucket the
+// read is a direct get that any replica may answer, and one replica may
+// apply an acknowledged write a few milliseconds after the quorum did
 // (docs/nats-cluster-facts.md): stepping away then would leave the token
 // unused until the server redelivers it, a whole lease later. The record is
-// read again at growing intervals for up to s.releaseWait; changed is false
-// if it did not change by then (a token redelivered while its holder lives,
-// by a stale Nak or a restart that forgot it was out: the caller steps
-// away) or if gaveUp closed first.
-func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, index int, rev uint64) (e slotEntry, changed bool, err error) {
-	limit := time.NewTimer(s.releaseWait)
+// read again at growing intervals for up to the request timeout or
+// s.releaseWait, whichever is shorter. An older revision (a replica further
+// behind) and the same holder's renewal do not count as a change. changed
+// is false if nothing changed by then (a token redelivered by a stale Nak
+// while its holder lives: the caller steps away) or if gaveUp closed first.
+func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, index int, held slotEntry) (e slotEntry, changed bool, err error) {
+	limit := time.NewTimer(min(s.opts.RequestTimeout, s.releaseWait))
 	defer limit.Stop()
 	var pause time.Duration // the first read follows at once
 	for {
@@ -162,8 +168,11 @@ func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, in
 			}
 		}
 		e, err := s.slots.read(ctx, index)
-		if err != nil || e.rev != rev {
-			return e, err == nil, err
+		switch {
+		case err != nil:
+			return slotEntry{}, false, err
+		case e.rev > held.rev && (e.rec.Holder != held.rec.Holder || e.rec.Seq != held.rec.Seq || e.rec.Deleted):
+			return e, true, nil
 		}
 		pause = min(max(2*pause, 100*time.Microsecond), 20*time.Millisecond)
 	}

@@ -57,7 +57,7 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	}
 	s.stream = stream
 	if !s.lay.grouped() {
-		if _, err := s.createConsumer(rctx, s.opts.Lease, false); err != nil {
+		if err := s.createConsumer(rctx, s.opts.Lease, false); err != nil {
 			return err
 		}
 	}
@@ -129,10 +129,7 @@ const MaxGroupKeys = 1_000_000
 // createConsumer creates the holders consumer with an ack wait of lease.
 // One that exists with another configuration is kept, or (replace: a
 // group's key being seeded, whose tokens nobody can hold yet) replaced.
-// It reports whether the consumer it made or found has never delivered a
-// message and sees none on its subject (empty), which only a created or
-// replaced consumer's answer can tell.
-func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, replace bool) (empty bool, err error) {
+func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, replace bool) error {
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.lay.consumer,
 		Description:   "tokensem holders of " + s.name,
@@ -145,37 +142,24 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, rep
 	}
 	if s.lay.grouped() {
 		cc.FilterSubject = s.lay.subject
-		// The consumer's state in memory, not in a file: with many keys
-		// taking turns, rewriting each consumer's state file was the
-		// server's largest cost (docs/per-key-costs.md). A standalone
-		// server forgets such a consumer when it restarts; the first client
-		// to miss it makes it again (restoreConsumer), and each token that
-		// was out is delivered once more, to a receiver that finds its live
-		// holder's record and steps away (see claim).
-		cc.MemoryStorage = true
 	}
-	c, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
+	_, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
 	if replace && errors.Is(err, jetstream.ErrConsumerExists) {
 		// Left with another configuration, which cannot all be updated
 		// (the server refuses a new MaxWaiting): made anew.
 		s.log.Info("replacing the key's consumer left by an earlier life")
 		if err = s.js.DeleteConsumer(ctx, s.lay.stream, s.lay.consumer); err == nil || errors.Is(err, jetstream.ErrConsumerNotFound) {
-			c, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
+			_, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
 		}
 	}
 	switch {
-	case err == nil:
-		// Delivering all of its subject from the start, a consumer that
-		// has delivered nothing counts every message there as pending.
-		info := c.CachedInfo()
-		return info != nil && info.Delivered.Consumer == 0 && info.NumAckPending == 0 && info.NumPending == 0, nil
-	case !replace && errors.Is(err, jetstream.ErrConsumerExists):
-		return false, nil
+	case err == nil, !replace && errors.Is(err, jetstream.ErrConsumerExists):
+		return nil
 	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
 		// Not a broker that failed to answer: retrying cannot help.
-		return false, fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
+		return fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
 	}
-	return false, wrapBrokerErr(err)
+	return wrapBrokerErr(err)
 }
 
 // prepareKey readies a group's key for the seeding of a life (nothing for
@@ -184,8 +168,7 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, rep
 // another, and a Delete that ran since this Init began may have removed
 // it), and, when this Init has just created the configuration (fresh), the
 // key's subject emptied of what an earlier life left in it (a seeding that
-// stalled past a Delete; nothing to do when the new consumer sees the
-// subject empty). A seeding resumed or taken over keeps the
+// stalled past a Delete). A seeding resumed or taken over keeps the
 // subject: tokens of its own life may be there already, and publishing
 // them again would be dropped as duplicates.
 func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration, fresh bool) error {
@@ -193,9 +176,9 @@ func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration, fresh b
 		return nil
 	}
 	rctx, cancel := s.rtt(ctx)
-	empty, err := s.createConsumer(rctx, lease, true)
+	err := s.createConsumer(rctx, lease, true)
 	cancel()
-	if err != nil || !fresh || empty {
+	if err != nil || !fresh {
 		return err
 	}
 	n, err := s.clearTokens(ctx)

@@ -475,8 +475,8 @@ func (s *Semaphore) gone(ctx context.Context, deadline time.Time) bool {
 	rctx, cancel = context.WithTimeout(rctx, s.opts.RequestTimeout)
 	defer cancel()
 	if s.lay.grouped() {
-		_, err := s.consumerInfo(rctx) // makes one lost in a restart again
-		return errors.Is(err, tokensem.ErrNotInitialized)
+		_, err := s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)
+		return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 	}
 	_, err := s.js.KeyValue(rctx, s.lay.bucket)
 	return errors.Is(err, jetstream.ErrBucketNotFound)

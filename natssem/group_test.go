@@ -144,7 +144,8 @@ func groupWithNeighbour(t *testing.T, group string) (*nats.Conn, jetstream.JetSt
 // subject (a seeding that stalled past a Delete, an operator's publish) are
 // purged when the key is made, so its census starts clean.
 func TestGroupInitClearsLeftovers(t *testing.T) {
-	const group, key = "leftovers", "k"
+	const group = "leftovers"
+	key := fmt.Sprintf("k%d", time.Now().UnixNano()) // a new key each run (-count)
 	nc, js, in := groupWithNeighbour(t, group)
 	ctx := semtest.Context(t, time.Minute)
 	for i := range 3 {
@@ -167,7 +168,8 @@ func TestGroupInitClearsLeftovers(t *testing.T) {
 // life that is then created, so a holder's silence is noticed after that
 // lease, not the stale one.
 func TestGroupStaleConsumerGetsTheLease(t *testing.T) {
-	const group, key, lease = "stale-consumer", "k", 3 * time.Second
+	const group, lease = "stale-consumer", 3 * time.Second
+	key := fmt.Sprintf("k%d", time.Now().UnixNano()) // a new key each run (-count)
 	nc, js, in := groupWithNeighbour(t, group)
 	ctx := semtest.Context(t, time.Minute)
 	if _, err := js.CreateConsumer(ctx, natssem.GroupStreamName(group), jetstream.ConsumerConfig{

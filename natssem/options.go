@@ -145,12 +145,6 @@ func WithReplicas(n int) Option {
 // first Init (with that Init's WithReplicas) and stay when its keys are
 // deleted. The name must be valid as a semaphore name is
 // (tokensem.ValidateName). A group holds up to MaxGroupKeys keys.
-//
-// A key's consumer keeps its state in the server's memory, which makes a
-// group's keys cheaper to take turns on (docs/per-key-costs.md). A
-// standalone server forgets such a consumer when it restarts; the first
-// client that misses it makes it again, and each permit held across the
-// restart stays held.
 func WithGroup(group string) Option {
 	return func(o *options) error {
 		if err := tokensem.ValidateName(group); err != nil {

@@ -43,8 +43,8 @@ type Semaphore struct {
 	returned *handbacks
 	slots    *slotStore    // set once the bucket is found
 	lockTTL  time.Duration // see lock
-	// releaseWait bounds a claim's wait for a release it cannot see yet
-	// (awaitRelease).
+	// releaseWait bounds a claim's wait for a release it cannot see yet,
+	// with the request timeout (awaitRelease).
 	releaseWait time.Duration
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
@@ -234,7 +234,7 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		waitPull:    mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
 		done:        make(chan struct{}),
 		lockTTL:     defaultLockTTL,
-		releaseWait: min(o.RequestTimeout, maxReleaseWait),
+		releaseWait: maxReleaseWait,
 	}, nil
 }
 
