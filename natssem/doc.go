@@ -27,9 +27,10 @@
 //     (entry timestamp against the server time in consumer info): the holder
 //     may have released the token while this read came from a replica that
 //     has not applied the free write yet, so read the record again at growing
-//     intervals, for up to the request timeout, and decide afresh once it
-//     changes. If it does not, the holder is alive and the delivery came from
-//     a stale Nak: step away without touching it. If the record names another
+//     intervals, for up to a second (or the request timeout, if shorter; not
+//     in TryAcquire), and decide afresh once another holder's or a free record
+//     shows. If none does, the holder is alive and the delivery came from a
+//     stale Nak: step away without touching it. If the record names another
 //     stream sequence, this delivery is a duplicate token of a held slot:
 //     delete it.
 //   - Record held but silent for a whole lease: its holder gave up (see
