@@ -282,8 +282,8 @@ func addManySems(ts *[]Target, s *SystemResult) {
 		t.Why = "each semaphore is a stream, a KV bucket (a stream too) and a consumer of its own: creating one is several " +
 			"replicated stream creations, and every open one adds server state and subscriptions"
 		if s.Grouped {
-			t.Why = "each key is a consumer of the group's stream and records in its bucket: an Init is about eight JetStream " +
-				"API requests, run 4 at a time here, and every consumer rewrites its state file as keys take turns " +
+			t.Why = "each key is a consumer of the group's stream and records in its bucket: an Init is five JetStream API " +
+				"requests and N + 2 writes, run 4 at a time here, and every consumer rewrites its state file as keys take turns " +
 				"(docs/per-key-costs.md has the profiles)"
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/reconciler"
 )
@@ -78,22 +79,20 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 					// Most often its holder released it and this read
 					// came from a replica that has not applied the free
 					// write yet (awaitRelease).
-					var next slotEntry
-					var changed bool
 					if gaveUp != nil {
 						s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
-						next, changed, err = s.awaitRelease(ctx, gaveUp, tok.Index, cur)
-					}
-					switch {
-					case err != nil:
-						s.giveBack(m)
-						return nil, err
-					case changed:
-						cur, ok = next, true
-						continue
-					case gaveUp != nil && chanClosed(gaveUp):
-						s.giveBack(m) // the caller left: hand it on
-						return nil, nil
+						next, changed, err := s.awaitRelease(ctx, gaveUp, tok.Index, cur)
+						switch {
+						case err != nil:
+							s.giveBack(m)
+							return nil, err
+						case changed:
+							cur, ok = next, true
+							continue
+						case chanClosed(gaveUp):
+							s.giveBack(m) // the caller left: hand it on
+							return nil, nil
+						}
 					}
 					s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", cur.rec.Owner)
 					return nil, nil
@@ -145,36 +144,27 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 // apply an acknowledged write a few milliseconds after the quorum did
 // (docs/nats-cluster-facts.md): stepping away then would leave the token
 // unused until the server redelivers it, a whole lease later. The record is
-// read again at growing intervals for up to the request timeout or
-// s.releaseWait, whichever is shorter. An older revision (a replica further
-// behind) and the same holder's renewal do not count as a change. changed
-// is false if nothing changed by then (a token redelivered by a stale Nak
-// while its holder lives: the caller steps away) or if gaveUp closed first.
+// read again at growing, jittered intervals (backoff, 100 µs doubling to
+// 20 ms) for up to the request timeout or s.releaseWait, whichever is
+// shorter. An older revision (a replica further behind) and the same
+// holder's renewal do not count as a change. changed is false if nothing
+// changed by then (a token redelivered by a stale Nak while its holder
+// lives: the caller steps away) or if gaveUp closed first.
 func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, index int, held slotEntry) (e slotEntry, changed bool, err error) {
-	limit := time.NewTimer(min(s.opts.RequestTimeout, s.releaseWait))
-	defer limit.Stop()
-	var pause time.Duration // the first read follows at once
-	for {
-		if pause > 0 {
-			t := time.NewTimer(pause)
-			select {
-			case <-gaveUp:
-				t.Stop()
-				return slotEntry{}, false, nil
-			case <-limit.C:
-				t.Stop()
-				return slotEntry{}, false, nil
-			case <-t.C:
-			}
-		}
-		e, err := s.slots.read(ctx, index)
+	limit, cancel := context.WithTimeout(ctx, min(s.opts.RequestTimeout, s.releaseWait))
+	defer cancel()
+	pause := backoff.Backoff{Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}
+	for { // the first read follows at once
+		got, err := s.slots.read(ctx, index)
 		switch {
 		case err != nil:
 			return slotEntry{}, false, err
-		case e.rev > held.rev && (e.rec.Holder != held.rec.Holder || e.rec.Seq != held.rec.Seq || e.rec.Deleted):
-			return e, true, nil
+		case got.rev > held.rev && (got.rec.Holder != held.rec.Holder || got.rec.Seq != held.rec.Seq || got.rec.Deleted):
+			return got, true, nil
 		}
-		pause = min(max(2*pause, 100*time.Microsecond), 20*time.Millisecond)
+		if pause.Wait(limit, gaveUp) != nil { // the limit passed, or the caller left
+			return slotEntry{}, false, nil
+		}
 	}
 }
 

@@ -72,13 +72,12 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 		kc.Description = "tokensem config and slot leases of group " + s.lay.group
 	}
 	var kv jetstream.KeyValue
-	err = jetstream.ErrBucketNotFound
 	if s.lay.grouped() {
 		// Most keys join a group whose bucket exists: one lookup, where
 		// creating asks for the account's limits first and then creates.
 		kv, err = s.js.KeyValue(rctx, s.lay.bucket)
 	}
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
+	if !s.lay.grouped() || errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = s.js.CreateKeyValue(rctx, kc)
 		if errors.Is(err, jetstream.ErrBucketExists) {
 			kv, err = s.js.KeyValue(rctx, s.lay.bucket)
