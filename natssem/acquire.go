@@ -125,7 +125,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					if !isDelivery(m) {
 						continue // not for us
 					}
-					w.ended()
+					w.ended(m)
 					unanswered = time.Time{}
 					// A claim is short and runs to its end even if ctx
 					// ends meanwhile: its outcome must be known.
@@ -154,14 +154,14 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					break wait // stepped away: ask again
 				case "100": // idle heartbeat
 				case "404":
-					w.ended()
+					w.ended(m)
 					return nil, tokensem.ErrNoPermit
 				case "408":
-					w.ended()
+					w.ended(m)
 					testhook.NotePullReissue("408 expired")
 					break wait // our pull expired: re-issue it
 				case "409":
-					w.ended()
+					w.ended(m)
 					if isMaxWaiting(desc) {
 						return nil, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
 					}
@@ -175,6 +175,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					}
 					break wait
 				case "503":
+					w.ended(m)
 					// No consumer answers the pull: its stream or consumer
 					// is electing a leader, JetStream is restarting, or the
 					// semaphore was deleted.

@@ -16,6 +16,17 @@ import (
 // subscription; every token delivered to the inbox that the call does not
 // claim (it gave up, or a second pull raced the first) is handed straight
 // back with a Nak, so an abandoned call never strands a token.
+//
+// A call that gives up while its pull is still queued leaves the waiter
+// subscribed until that pull ends (a token it hands back, the pull's
+// expiry, or the consumer's end), not just until its own node forgets
+// it: on a cluster the consumer's leader may sit on another node, which
+// learns of an unsubscribe a moment later and may meanwhile send a token
+// to the inbox, where the waiter's node would drop it and the token would
+// wait out a whole lease (TestClusterCancelledWaiterStrandsNothing). Such
+// a lingering waiter stays among the semaphore's idle ones and is reused
+// once its pull has ended; a new call never inherits a queued pull, which
+// would serve it ahead of callers that started waiting before it.
 type waiter struct {
 	s     *Semaphore
 	inbox string
@@ -25,14 +36,17 @@ type waiter struct {
 	// (restarted, or another node) knows nothing of the pull pending then.
 	reconnected chan nats.Status
 
-	// pulls counts pull requests that may still be pending at the server:
-	// each pull adds one; a delivery, 404, 408 or 409 ends one. A waiter
-	// with none pending can be reused as is (no unsubscribe, no flush);
-	// one that gives up with a pull pending is drained.
-	pulls int
-
 	mu        sync.Mutex
 	abandoned bool
+	// pulls counts pull requests that may still be pending at the server:
+	// each pull adds one; a delivery, 404, 408, 409 or 503 ends one. A
+	// waiter with none pending can be reused as is (no unsubscribe, no
+	// flush).
+	pulls int
+	// lingerEnd is when the last pull of an abandoned waiter has expired
+	// for sure, should its end never be heard (a pull lost with a server
+	// restart).
+	lingerEnd time.Time
 }
 
 // maxIdleWaiters bounds the inboxes a semaphore keeps for reuse.
@@ -55,22 +69,15 @@ type pullRequest struct {
 	NoWait    bool          `json:"no_wait,omitempty"`
 }
 
-// getWaiter reuses an idle inbox or subscribes a new one.
+// getWaiter reuses an idle inbox whose pulls have ended, or subscribes a
+// new one.
 func (s *Semaphore) getWaiter() (*waiter, error) {
-	s.mu.Lock()
-	if n := len(s.idle); n > 0 {
-		w := s.idle[n-1]
-		s.idle = s.idle[:n-1]
-		s.mu.Unlock()
-		w.mu.Lock()
-		w.abandoned = false
-		w.mu.Unlock()
+	if w := s.idleWaiter(); w != nil {
 		for len(w.reconnected) > 0 { // reconnections while it was idle
 			<-w.reconnected
 		}
 		return w, nil
 	}
-	s.mu.Unlock()
 	w := &waiter{s: s, inbox: s.nc.NewInbox(), ch: make(chan *nats.Msg, 8)}
 	sub, err := s.nc.Subscribe(w.inbox, w.deliver)
 	if err != nil {
@@ -81,13 +88,40 @@ func (s *Semaphore) getWaiter() (*waiter, error) {
 	return w, nil
 }
 
+// idleWaiter takes the most recently used idle waiter with no pull
+// pending, and marks it in use.
+func (s *Semaphore) idleWaiter() *waiter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for i := len(s.idle) - 1; i >= 0; i-- {
+		w := s.idle[i]
+		w.mu.Lock()
+		if w.pulls > 0 && now.After(w.lingerEnd) {
+			w.pulls = 0 // its pulls expired unheard
+		}
+		free := w.pulls == 0
+		if free {
+			w.abandoned = false
+		}
+		w.mu.Unlock()
+		if free {
+			s.idle = append(s.idle[:i], s.idle[i+1:]...)
+			return w
+		}
+	}
+	return nil
+}
+
 // close unsubscribes the waiter's inbox at once.
 func (w *waiter) close() {
 	_ = w.sub.Unsubscribe()
 	w.s.nc.RemoveStatusListener(w.reconnected)
 }
 
-// deliver runs on the connection's dispatcher for every inbox message.
+// deliver runs on the connection's dispatcher for every inbox message. A
+// message the call does not take (it gave up) is dealt with here: a token
+// goes back, and a message that ends a pull is counted.
 func (w *waiter) deliver(m *nats.Msg) {
 	w.mu.Lock()
 	if !w.abandoned {
@@ -98,6 +132,7 @@ func (w *waiter) deliver(m *nats.Msg) {
 		default:
 		}
 	}
+	w.endedLocked(m)
 	w.mu.Unlock()
 	w.s.giveBack(m)
 }
@@ -110,48 +145,74 @@ func (w *waiter) pull(noWait bool) error {
 	if noWait {
 		b = noWaitPull
 	}
+	// Counted first: the answer may arrive before PublishRequest returns.
+	w.mu.Lock()
+	w.pulls++
+	w.mu.Unlock()
 	if err := w.s.nc.PublishRequest(w.s.pullSubj, w.inbox, b); err != nil {
+		w.mu.Lock()
+		w.pulls--
+		w.mu.Unlock()
 		return wrapBrokerErr(err)
 	}
-	w.pulls++
 	return nil
 }
 
-// ended records that the server finished one pull request.
-func (w *waiter) ended() {
-	if w.pulls > 0 {
+// ended records that m, taken from the waiter's channel, may have ended
+// one of its pulls.
+func (w *waiter) ended(m *nats.Msg) {
+	w.mu.Lock()
+	w.endedLocked(m)
+	w.mu.Unlock()
+}
+
+func (w *waiter) endedLocked(m *nats.Msg) {
+	if endsPull(m) && w.pulls > 0 {
 		w.pulls--
 	}
 }
 
-// finish ends the waiter. Tokens it received but did not claim are given
-// back. If no pull of it can still be pending at the server, its inbox is
-// kept for reuse; otherwise interest in the inbox is drained: the server
-// stops serving its pending pulls, and any token already on its way is still
-// received and given back.
+// endsPull reports whether m is the server's last word on a one-token
+// pull: the token itself, or a status that ends the pull (no token 404,
+// expired 408, ended by the server 409, nobody to answer it 503).
+func endsPull(m *nats.Msg) bool {
+	switch code, _ := status(m); code {
+	case "":
+		return isDelivery(m)
+	case "404", "408", "409", "503":
+		return true
+	}
+	return false
+}
+
+// finish ends the call's use of the waiter. Tokens it received but did not
+// claim are given back. The waiter goes back among the idle ones, with its
+// inbox subscribed even if a pull of it is still queued (see waiter); only
+// when there is no room is its inbox dropped: drained, so that a token
+// already at its node is still received and given back.
 func (w *waiter) finish() {
+	s := w.s
 	w.mu.Lock()
 	w.abandoned = true
+	w.lingerEnd = time.Now().Add(s.opts.pullExpiry + s.opts.RequestTimeout)
 	w.mu.Unlock()
 	for {
 		select {
 		case m := <-w.ch:
-			w.s.giveBack(m)
+			w.ended(m)
+			s.giveBack(m)
 			continue
 		default:
 		}
 		break
 	}
-	s := w.s
-	if w.pulls == 0 {
-		s.mu.Lock()
-		if !s.closed && len(s.idle) < maxIdleWaiters {
-			s.idle = append(s.idle, w)
-			s.mu.Unlock()
-			return
-		}
+	s.mu.Lock()
+	if !s.closed && len(s.idle) < maxIdleWaiters {
+		s.idle = append(s.idle, w)
 		s.mu.Unlock()
+		return
 	}
+	s.mu.Unlock()
 	w.s.nc.RemoveStatusListener(w.reconnected)
 	if err := w.sub.Drain(); err != nil {
 		_ = w.sub.Unsubscribe()
