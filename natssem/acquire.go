@@ -18,8 +18,9 @@ import (
 // Acquire blocks until it holds a permit or ctx ends. Callers are served in
 // the order they started waiting (one pull request each, queued FIFO by the
 // server; a caller waiting longer than the pull expiry re-queues at the
-// back). On failure nothing changes: a token delivered to a caller that
-// gave up is handed on to the next waiter.
+// back; on a cluster, a caller that gives up leaves its place to the next
+// caller of the same Semaphore, see waiter). On failure nothing changes: a
+// token delivered to a caller that gave up is handed on to the next waiter.
 //
 // A broker that does not answer for a while (a stream or consumer electing
 // a new leader, a server restarting, a lost connection being re-made) does
@@ -68,14 +69,16 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if s.isClosed() {
 		return nil, tokensem.ErrClosed
 	}
-	if noWait {
-		s.returned.wait(ctx, s.opts.RequestTimeout)
-	}
-	w, err := s.getWaiter()
+	w, err := s.getWaiter(!noWait)
 	if err != nil {
 		return nil, err
 	}
 	defer w.finish()
+	if noWait {
+		// After taking the waiter: a token that reached it while idle
+		// was handed back, and that hand-back is waited for too.
+		s.returned.wait(ctx, s.opts.RequestTimeout)
+	}
 
 	// A queued pull hears a heartbeat every heartbeat interval. The first
 	// one is awaited briefly: the server drops a pull silently when the
@@ -88,8 +91,13 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	var unanswered time.Time // since when pulls find no consumer (503)
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
 	tries := 0
+	// A waiter taken over from a caller that gave up still has its pull
+	// queued: Acquire waits on it (its place in the queue).
+	adopted := !noWait && w.pending() > 0
 	for {
-		if err := w.pull(noWait); err != nil {
+		if adopted {
+			adopted = false
+		} else if err := w.pull(noWait); err != nil {
 			if noWait || !transient(err) {
 				return nil, err
 			}

@@ -132,6 +132,99 @@ func TestClusterCancelledWaiterStrandsNothing(t *testing.T) {
 	}
 }
 
+// TestClusterGivenUpPullIsTakenOver: on a cluster a caller that gives up
+// keeps its inbox until its queued pull ends (see
+// TestClusterCancelledWaiterStrandsNothing), and the next caller of the
+// same Semaphore takes that pull over. A caller that times out and retries
+// keeps one pull queued, not one per try, so a waiter limit of one still
+// lets it wait; and a token its own release sends to such a pull comes
+// back to the queue (TryAcquire takes it within a second).
+func TestClusterGivenUpPullIsTakenOver(t *testing.T) {
+	ctx := semtest.Context(t, 2*time.Minute)
+	name := fmt.Sprintf("taken-over-%d", time.Now().UnixNano())
+	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, 1, natssem.WithReplicas(3), natssem.WithMaxWaiters(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	js, err := jetstream.New(connectCluster(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, natssem.StreamName(name), "holders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() int {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumWaiting
+	}
+	s, err := natssem.Open(ctx, connectCluster(t, 1), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	for round := range 3 {
+		held, err := s.Acquire(semtest.Context(t, 10*time.Second))
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for try := range 10 {
+			_, err := s.Acquire(semtest.Context(t, 30*time.Millisecond))
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("round %d, try %d: %v, want a timeout", round, try, err)
+			}
+		}
+		if n := waiting(); n != 1 {
+			t.Fatalf("round %d: %d pulls queued after ten timed-out tries, want the one taken over each time", round, n)
+		}
+		if round == 0 {
+			// A caller that waits now is served (the limit is one), at
+			// once: not after its own pull, refused while the given-up
+			// one is queued, is found lost (1.5 heartbeats, 7.5 s).
+			got := make(chan error, 1)
+			go func() {
+				p, err := s.Acquire(semtest.Context(t, 3*time.Second))
+				if err == nil {
+					err = p.Release(ctx)
+				}
+				got <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; err != nil {
+				t.Fatalf("the waiting caller: %v", err)
+			}
+			continue
+		}
+		// The release's token goes to the queued pull first, whose waiter
+		// hands it back: a TryAcquire meanwhile may miss it (as with any
+		// caller waiting), but it must not be stranded.
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var p tokensem.Permit
+		for tries := 0; p == nil; tries++ {
+			p, err = s.TryAcquire(ctx)
+			switch {
+			case errors.Is(err, tokensem.ErrNoPermit) && tries < 100:
+				time.Sleep(10 * time.Millisecond)
+			case err != nil:
+				t.Fatalf("round %d: TryAcquire after the release (try %d): %v", round, tries, err)
+			}
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // spin waits d without sleeping (a sleep this short oversleeps).
 func spin(d time.Duration) {
 	for t0 := time.Now(); time.Since(t0) < d; {

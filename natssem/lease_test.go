@@ -44,7 +44,7 @@ func testContext(t *testing.T) context.Context {
 // deliver pulls one token of s without claiming it.
 func deliver(t *testing.T, s *Semaphore) (*nats.Msg, delivery) {
 	t.Helper()
-	w, err := s.getWaiter()
+	w, err := s.getWaiter(false)
 	if err != nil {
 		t.Fatal(err)
 	}

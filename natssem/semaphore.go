@@ -371,7 +371,7 @@ func (s *Semaphore) Close() error {
 		close(s.done)
 		s.returned.close()
 		for _, w := range s.idle {
-			w.close()
+			w.drop()
 		}
 		s.idle = nil
 	}

@@ -17,16 +17,19 @@ import (
 // claim (it gave up, or a second pull raced the first) is handed straight
 // back with a Nak, so an abandoned call never strands a token.
 //
-// A call that gives up while its pull is still queued leaves the waiter
-// subscribed until that pull ends (a token it hands back, the pull's
-// expiry, or the consumer's end), not just until its own node forgets
-// it: on a cluster the consumer's leader may sit on another node, which
-// learns of an unsubscribe a moment later and may meanwhile send a token
-// to the inbox, where the waiter's node would drop it and the token would
-// wait out a whole lease (TestClusterCancelledWaiterStrandsNothing). Such
-// a lingering waiter stays among the semaphore's idle ones and is reused
-// once its pull has ended; a new call never inherits a queued pull, which
-// would serve it ahead of callers that started waiting before it.
+// On a cluster, a call that gives up while its pull is still queued leaves
+// the waiter subscribed until that pull ends (a token it hands back, the
+// pull's expiry, or the consumer's end), not just until its own node
+// forgets it: the consumer's leader may sit on another node, which learns
+// of an unsubscribe a moment later and may meanwhile send a token to the
+// inbox, where the waiter's node would drop it and the token would wait
+// out a whole lease (TestClusterCancelledWaiterStrandsNothing). Such a
+// lingering waiter stays among the semaphore's idle ones, and the next
+// call of the same Semaphore takes it over, queued pull and all: a caller
+// that gives up leaves its place in the queue to the next caller of its
+// Semaphore, and a Semaphore whose callers time out and retry keeps one
+// pull queued, not one per try. A single server forgets an unsubscribed
+// inbox at once, so there the waiter is drained as before.
 type waiter struct {
 	s     *Semaphore
 	inbox string
@@ -69,13 +72,10 @@ type pullRequest struct {
 	NoWait    bool          `json:"no_wait,omitempty"`
 }
 
-// getWaiter reuses an idle inbox whose pulls have ended, or subscribes a
-// new one.
-func (s *Semaphore) getWaiter() (*waiter, error) {
-	if w := s.idleWaiter(); w != nil {
-		for len(w.reconnected) > 0 { // reconnections while it was idle
-			<-w.reconnected
-		}
+// getWaiter reuses an idle waiter (see idleWaiter), or subscribes a new
+// inbox. Only a call that waits (adopt) takes over a queued pull.
+func (s *Semaphore) getWaiter(adopt bool) (*waiter, error) {
+	if w := s.idleWaiter(adopt); w != nil {
 		return w, nil
 	}
 	w := &waiter{s: s, inbox: s.nc.NewInbox(), ch: make(chan *nats.Msg, 8)}
@@ -88,35 +88,84 @@ func (s *Semaphore) getWaiter() (*waiter, error) {
 	return w, nil
 }
 
-// idleWaiter takes the most recently used idle waiter with no pull
-// pending, and marks it in use.
-func (s *Semaphore) idleWaiter() *waiter {
+// idleWaiter takes an idle waiter and marks it in use: when adopt is set,
+// first the one that has lingered longest with a pull still queued (the
+// call takes its place), else the most recently used one with none. A waiter that saw the
+// connection come back while idle may have lost its pull: it is taken as
+// having none (a token that still comes is claimed or handed back).
+func (s *Semaphore) idleWaiter(adopt bool) *waiter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	for i := len(s.idle) - 1; i >= 0; i-- {
-		w := s.idle[i]
+	pick, pickQueued := -1, false
+	for i, w := range s.idle {
 		w.mu.Lock()
+		if len(w.reconnected) > 0 {
+			for len(w.reconnected) > 0 {
+				<-w.reconnected
+			}
+			w.pulls = 0
+		}
 		if w.pulls > 0 && now.After(w.lingerEnd) {
 			w.pulls = 0 // its pulls expired unheard
 		}
-		free := w.pulls == 0
-		if free {
-			w.abandoned = false
-		}
+		queued := w.pulls > 0
 		w.mu.Unlock()
-		if free {
-			s.idle = append(s.idle[:i], s.idle[i+1:]...)
-			return w
+		switch {
+		case queued && !adopt:
+		case queued && !pickQueued:
+			pick, pickQueued = i, true
+		case !queued && !pickQueued:
+			pick = i
 		}
 	}
-	return nil
+	if pick < 0 {
+		return nil
+	}
+	w := s.idle[pick]
+	s.idle = append(s.idle[:pick], s.idle[pick+1:]...)
+	w.mu.Lock()
+	w.abandoned = false
+	w.mu.Unlock()
+	return w
+}
+
+// lingeringLocked counts the idle waiters with a pull still queued; s.mu
+// is held.
+func (s *Semaphore) lingeringLocked() int {
+	n := 0
+	for _, w := range s.idle {
+		if w.pending() > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// maxLingering bounds the idle waiters a Semaphore keeps for their queued
+// pulls; a caller that gives up beyond it drains its inbox.
+const maxLingering = 16
+
+// pending returns the number of pulls that may still be queued.
+func (w *waiter) pending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pulls
 }
 
 // close unsubscribes the waiter's inbox at once.
 func (w *waiter) close() {
 	_ = w.sub.Unsubscribe()
 	w.s.nc.RemoveStatusListener(w.reconnected)
+}
+
+// drop drains the waiter's inbox: a token already at its node is still
+// received and handed back.
+func (w *waiter) drop() {
+	w.s.nc.RemoveStatusListener(w.reconnected)
+	if err := w.sub.Drain(); err != nil {
+		_ = w.sub.Unsubscribe()
+	}
 }
 
 // deliver runs on the connection's dispatcher for every inbox message. A
@@ -134,7 +183,7 @@ func (w *waiter) deliver(m *nats.Msg) {
 	}
 	w.endedLocked(m)
 	w.mu.Unlock()
-	w.s.giveBack(m)
+	w.s.handBack(m)
 }
 
 // pull asks the server for one token. A waiting pull expires after the pull
@@ -186,10 +235,9 @@ func endsPull(m *nats.Msg) bool {
 }
 
 // finish ends the call's use of the waiter. Tokens it received but did not
-// claim are given back. The waiter goes back among the idle ones, with its
-// inbox subscribed even if a pull of it is still queued (see waiter); only
-// when there is no room is its inbox dropped: drained, so that a token
-// already at its node is still received and given back.
+// claim are given back. A waiter with no pull queued goes back among the
+// idle ones; so does one with a pull queued, on a cluster, while fewer than
+// maxLingering do (see waiter). Otherwise its inbox is drained.
 func (w *waiter) finish() {
 	s := w.s
 	w.mu.Lock()
@@ -200,23 +248,22 @@ func (w *waiter) finish() {
 		select {
 		case m := <-w.ch:
 			w.ended(m)
-			s.giveBack(m)
+			s.handBack(m)
 			continue
 		default:
 		}
 		break
 	}
+	queued := w.pending() > 0
+	clustered := queued && s.nc.ConnectedClusterName() != ""
 	s.mu.Lock()
-	if !s.closed && len(s.idle) < maxIdleWaiters {
+	if !s.closed && len(s.idle) < maxIdleWaiters && (!queued || clustered && s.lingeringLocked() < maxLingering) {
 		s.idle = append(s.idle, w)
 		s.mu.Unlock()
 		return
 	}
 	s.mu.Unlock()
-	w.s.nc.RemoveStatusListener(w.reconnected)
-	if err := w.sub.Drain(); err != nil {
-		_ = w.sub.Unsubscribe()
-	}
+	w.drop()
 }
 
 // giveBack returns an unclaimed token delivery to the queue. Status
@@ -226,6 +273,18 @@ func (s *Semaphore) giveBack(m *nats.Msg) {
 		return
 	}
 	if err := s.nc.Publish(m.Reply, ackNak); err != nil {
+		s.log.Warn("could not give back an unclaimed token; it returns after the lease", "err", err)
+	}
+}
+
+// handBack gives back a token that reached a waiter whose caller gave up,
+// as a release does (see handbacks): the next TryAcquire of this client
+// waits until the server has it back.
+func (s *Semaphore) handBack(m *nats.Msg) {
+	if !isDelivery(m) {
+		return
+	}
+	if err := s.returned.nak(m.Reply); err != nil {
 		s.log.Warn("could not give back an unclaimed token; it returns after the lease", "err", err)
 	}
 }

@@ -101,19 +101,18 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestGivenUpPullIsNotInherited: a caller that gives up leaves its pull
-// queued until it ends (see TestClusterCancelledWaiterStrandsNothing); the
-// next caller of the same Semaphore must not take that place in the queue,
-// ahead of a caller that started waiting before it. The released token
-// bounces off the given-up pull and goes to the earlier caller.
-func TestGivenUpPullIsNotInherited(t *testing.T) {
+// TestGivenUpPullLeavesTheQueue: on a single server a caller that gives up
+// leaves the queue of waiters at once (the server forgets its inbox with
+// the unsubscribe; a cluster keeps it, see
+// TestClusterGivenUpPullIsTakenOver).
+func TestGivenUpPullLeavesTheQueue(t *testing.T) {
 	name := "given-up-pull"
 	s := initNATS(t, name, 1)
-	other := openNATS(t, name)
 	held, err := s.Acquire(semtest.Context(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = held.Release(t.Context()) }()
 	cons := rawConsumer(t, name)
 	waiting := func(n int) func() bool {
 		return func() bool {
@@ -121,51 +120,15 @@ func TestGivenUpPullIsNotInherited(t *testing.T) {
 			return err == nil && info.NumWaiting == n
 		}
 	}
-	qctx, quit := context.WithCancel(t.Context())
-	quitDone := make(chan error, 1)
-	go func() { _, err := s.Acquire(qctx); quitDone <- err }()
-	waitFor(t, "the first caller queued", waiting(1))
-
-	type result struct {
-		who string
-		p   tokensem.Permit
-	}
-	got := make(chan result, 2)
-	go func() {
-		p, err := other.Acquire(semtest.Context(t, 10*time.Second))
-		if err != nil {
-			t.Error(err)
+	for range 3 {
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { _, err := s.Acquire(ctx); done <- err }()
+		waitFor(t, "the caller queued", waiting(1))
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("caller: %v", err)
 		}
-		got <- result{"earlier", p}
-	}()
-	waitFor(t, "the earlier caller queued", waiting(2))
-	quit()
-	if err := <-quitDone; !errors.Is(err, context.Canceled) {
-		t.Fatalf("first caller: %v", err)
-	}
-	// The given-up pull still counts: its inbox waits for its end.
-	if info, err := cons.Info(t.Context()); err != nil || info.NumWaiting != 2 {
-		t.Fatalf("waiting after the give-up: %+v, %v; want the given-up pull still queued", info, err)
-	}
-	go func() {
-		p, err := s.Acquire(semtest.Context(t, 10*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- result{"later", p}
-	}()
-	waitFor(t, "the later caller queued", waiting(3))
-	if err := held.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	first := <-got
-	if first.who != "earlier" {
-		t.Fatalf("the %s caller got the permit first", first.who)
-	}
-	if err := first.p.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if second := <-got; second.p != nil {
-		_ = second.p.Release(t.Context())
+		waitFor(t, "the given-up pull gone", waiting(0))
 	}
 }
