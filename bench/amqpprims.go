@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -150,4 +152,165 @@ func (a *amqpSystem) primitives(ctx context.Context, samples int) (AMQPPrimitive
 	}
 	p.Push = Summarize(d)
 	return p, nil
+}
+
+// AMQPProtocolContention is the contention scenario played with plain
+// amqp091 and the broker operations of amqpsem's protocol, without the
+// library: each worker consumes the token queue (prefetch 1), claims the
+// delivered token's slot with an exclusive consumer on a claim queue,
+// cancels its consumer of the token queue, holds, then cancels its claim,
+// requeues the token and confirms both with a round trip (basic.qos). What
+// it reaches is the broker's limit for that protocol on this machine.
+type AMQPProtocolContention struct {
+	Workers, N   int
+	Acquisitions int
+	Throughput   float64 // acquisitions per second
+	Ceiling      float64 // N / hold
+	MeanHold     time.Duration
+}
+
+// Percent is the throughput as a share of the ceiling.
+func (c *AMQPProtocolContention) Percent() float64 { return 100 * c.Throughput / c.Ceiling }
+
+// protocolContention runs AMQPProtocolContention for dur after a second
+// of warm-up, each worker on a connection of its own.
+func (a *amqpSystem) protocolContention(ctx context.Context, workers, n int, hold, dur time.Duration, precise bool) (*AMQPProtocolContention, error) {
+	admin, err := amqp.Dial(a.url)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	ch, err := admin.Channel()
+	if err != nil {
+		return nil, err
+	}
+	const q = "bench.proto.tokens"
+	claim := func(i int) string { return fmt.Sprintf("bench.proto.claim.%d", i) }
+	_, _ = ch.QueueDelete(q, false, false, false)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		return nil, err
+	}
+	defer func() { _, _ = ch.QueueDelete(q, false, false, false) }()
+	if err := ch.Confirm(false); err != nil {
+		return nil, err
+	}
+	for i := range n {
+		if _, err := ch.QueueDeclare(claim(i), false, false, false, false, nil); err != nil {
+			return nil, err
+		}
+		defer func() { _, _ = ch.QueueDelete(claim(i), false, false, false) }()
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte{byte(i)}})
+		if err != nil {
+			return nil, err
+		}
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+			return nil, fmt.Errorf("protocol contention: publish confirmed %v: %v", ok, err)
+		}
+	}
+
+	var (
+		counting atomic.Bool
+		stop     = make(chan struct{})
+		mu       sync.Mutex
+		count    int
+		holds    time.Duration
+		errs     []error
+		wg       sync.WaitGroup
+	)
+	for w := range workers {
+		conn, err := amqp.Dial(a.url)
+		if err != nil {
+			close(stop)
+			wg.Wait()
+			return nil, err
+		}
+		defer conn.Close()
+		wg.Go(func() {
+			if err := protocolWorker(conn, q, claim, fmt.Sprintf("w%d", w), hold, precise, stop, func(held time.Duration) {
+				if counting.Load() {
+					mu.Lock()
+					count++
+					holds += held
+					mu.Unlock()
+				}
+			}); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+	}
+	counting.Store(true)
+	select {
+	case <-time.After(dur):
+	case <-ctx.Done():
+	}
+	counting.Store(false)
+	close(stop)
+	wg.Wait()
+	if err := joinDistinct(errs); err != nil {
+		return nil, err
+	}
+	r := &AMQPProtocolContention{Workers: workers, N: n, Acquisitions: count, Throughput: float64(count) / dur.Seconds(),
+		Ceiling: float64(n) / hold.Seconds()}
+	if count > 0 {
+		r.MeanHold = holds / time.Duration(count)
+	}
+	return r, ctx.Err()
+}
+
+// protocolWorker is one worker of protocolContention: it reports each
+// hold (acquisitions that end after stop closes are not reported).
+func protocolWorker(conn *amqp.Connection, q string, claim func(int) string, tag string, hold time.Duration, precise bool,
+	stop <-chan struct{}, held func(time.Duration)) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		return err
+	}
+	for {
+		deliveries, err := ch.Consume(q, tag, false, false, false, false, nil)
+		if err != nil {
+			return err
+		}
+		var d amqp.Delivery
+		select {
+		case d = <-deliveries:
+		case <-stop:
+			return nil // closing the connection requeues anything on its way
+		}
+		if len(d.Body) != 1 {
+			return fmt.Errorf("protocol contention: token %q", d.Body)
+		}
+		if _, err := ch.Consume(claim(int(d.Body[0])), "claim", false, true, false, false, nil); err != nil {
+			return err
+		}
+		if err := ch.Cancel(tag, true); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		holdFor(hold, precise)
+		h := time.Since(t0)
+		if err := ch.Cancel("claim", true); err != nil {
+			return err
+		}
+		if err := d.Reject(true); err != nil {
+			return err
+		}
+		if err := ch.Qos(1, 0, false); err != nil {
+			return err
+		}
+		select {
+		case <-stop:
+			return nil
+		default:
+			held(h)
+		}
+	}
 }

@@ -428,6 +428,15 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 				key, r.Throughput, r.Percent(), r.Ceiling, fmtDur(r.Wait.P50), fmtDur(r.Wait.P99), r.Fair.MaxMin, r.Fair.CV, r.Peak,
 				fmtDur(r.MeanHold), fmtDur(r.Release.P50), fmtDur(r.Release.P99), fmtDur(r.Gap.P50), fmtDur(r.Gap.Mean), 100*r.CPU.MachineBusy, r.CPU.HarnessCores)
 		}
+		if as, ok := sys.(*amqpSystem); ok {
+			if r, err := as.protocolContention(ctx, cfg.workers, cfg.permits, cfg.hold, cfg.duration, !cfg.sleepHold); err != nil {
+				logf("RabbitMQ protocol contention: %v", err)
+			} else {
+				res.AMQPProtocol = r
+				logf("RabbitMQ protocol contention (plain amqp091, amqpsem's broker operations): %.0f/s (%.0f%% of %.0f/s), mean hold %s",
+					r.Throughput, r.Percent(), r.Ceiling, fmtDur(r.MeanHold))
+			}
+		}
 	}
 	if cfg.has("weighted") && res.Tokensem {
 		if r, err := runWeighted(ctx, sys, name("weighted"), cfg.weightedWorkers, cfg.permits, cfg.hold, cfg.duration, !cfg.sleepHold); err != nil {

@@ -57,12 +57,15 @@ type SystemResult struct {
 
 	Cycle      *CycleResult
 	Contention *ContentionResult
-	Handoff    *HandoffResult
-	HandoffHot *HandoffResult // tokensem: released as soon as the broker counts the waiter
-	Sems       *SemsResult
-	Waiters    *WaitersResult
-	BigN       *BigNResult
-	Weighted   *WeightedResult
+	// AMQPProtocol (amqpsem) is the contention scenario played with plain
+	// amqp091 and the same broker operations, right after amqpsem's.
+	AMQPProtocol *AMQPProtocolContention
+	Handoff      *HandoffResult
+	HandoffHot   *HandoffResult // tokensem: released as soon as the broker counts the waiter
+	Sems         *SemsResult
+	Waiters      *WaitersResult
+	BigN         *BigNResult
+	Weighted     *WeightedResult
 }
 
 func (r *Report) system(key string) *SystemResult {
@@ -389,6 +392,12 @@ func writeCore(w io.Writer, r *Report) {
 			"p50 %s; requeue pushed to a consumer on another channel p50 %s; exclusive consume + cancel (a claim and its end) "+
 			"p50 %s. Floors: a cycle %s (requeue + get + claim), a handoff %s (push + claim).\n\n",
 			fmtDur(p.GetRequeue.P50), fmtDur(p.Push.P50), fmtDur(p.Claim.P50), fmtDur(p.CycleFloor()), fmtDur(p.HandoffFloor()))
+	}
+	if as := r.system("amqpsem"); as != nil && as.AMQPProtocol != nil {
+		pc := as.AMQPProtocol
+		fmt.Fprintf(w, "RabbitMQ protocol under contention (plain amqp091, amqpsem's broker operations without the library: "+
+			"consume, exclusive claim, cancel; cancel, requeue, confirming round trip), %d workers on N=%d right after amqpsem's run: "+
+			"%s/s, %.0f%% of the ceiling (mean hold %s).\n\n", pc.Workers, pc.N, thousands(pc.Throughput), pc.Percent(), fmtDur(pc.MeanHold))
 	}
 }
 

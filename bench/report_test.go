@@ -256,3 +256,32 @@ func TestReportForEverySubset(t *testing.T) {
 		})
 	}
 }
+
+// TestProtocolContentionVerdict: the amqpsem ceiling's reason says whether
+// plain amqp091 doing the same broker operations reached the target.
+func TestProtocolContentionVerdict(t *testing.T) {
+	r := sampleReport()
+	as := r.system("amqpsem")
+	if as == nil {
+		t.Fatal("sample report has no amqpsem")
+	}
+	as.Contention = &ContentionResult{N: 4, Hold: time.Millisecond, Ceiling: 4000, Throughput: 1000, MeanHold: time.Millisecond,
+		Gap: Summary{N: 10, P50: 3 * time.Millisecond, Mean: 3 * time.Millisecond}}
+	why := func() string {
+		for _, tg := range Targets(r) {
+			if tg.System == "amqpsem" && strings.HasPrefix(tg.Goal, "contention throughput") {
+				return tg.Why
+			}
+		}
+		t.Fatal("no amqpsem contention target")
+		return ""
+	}
+	as.AMQPProtocol = &AMQPProtocolContention{Workers: 32, N: 4, Throughput: 1200, Ceiling: 4000}
+	if w := why(); !strings.Contains(w, "30% (1,200/s") || !strings.Contains(w, "stays below the target") {
+		t.Errorf("protocol at 30%%: %s", w)
+	}
+	as.AMQPProtocol.Throughput = 2000
+	if w := why(); !strings.Contains(w, "the gap is the library's") {
+		t.Errorf("protocol at 50%%: %s", w)
+	}
+}

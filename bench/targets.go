@@ -78,6 +78,15 @@ func Targets(r *Report) []Target {
 		addHandoff(&ts, as, 2*time.Millisecond, 0,
 			"the token is requeued through the quorum queue (a Raft commit) before the broker pushes it to the next consumer, which then claims its slot")
 		addCeiling(&ts, as, 40, 2*time.Millisecond)
+		if pc := as.AMQPProtocol; pc != nil && len(ts) > 0 && ts[len(ts)-1].Status == Missed {
+			verdict := "the protocol itself stays below the target on this broker"
+			if pc.Percent() >= 40 {
+				verdict = "the protocol reaches the target, so the gap is the library's"
+			}
+			ts[len(ts)-1].Why += fmt.Sprintf("; plain amqp091 doing amqpsem's broker operations (consume, exclusive claim, cancel; "+
+				"cancel, requeue and a confirming round trip) with the same workers right after: %.0f%% (%s/s, mean hold %s): %s",
+				pc.Percent(), thousands(pc.Throughput), fmtDur(pc.MeanHold), verdict)
+		}
 		addAMQPFloor(&ts, as, r.AMQPPrims)
 		addSafety(&ts, as)
 		addScale(&ts, as)
