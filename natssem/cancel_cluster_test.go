@@ -29,19 +29,7 @@ func TestClusterCancelledWaiterStrandsNothing(t *testing.T) {
 	c := cluster(t)
 	ctx := semtest.Context(t, 4*time.Minute)
 	name := fmt.Sprintf("cancel-strand-%d", time.Now().UnixNano())
-	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, 1, natssem.WithReplicas(3), natssem.WithLease(lease))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	js, err := jetstream.New(connectCluster(t, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.Consumer(ctx, natssem.StreamName(name), "holders")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cons := initClusterOfOne(ctx, t, name, natssem.WithLease(lease))
 	leader := -1
 	for i := range c.Size() {
 		if ci := cons.CachedInfo(); ci.Cluster != nil && ci.Cluster.Leader == natstest.ServerName(i) {
@@ -142,19 +130,7 @@ func TestClusterCancelledWaiterStrandsNothing(t *testing.T) {
 func TestClusterGivenUpPullIsTakenOver(t *testing.T) {
 	ctx := semtest.Context(t, 2*time.Minute)
 	name := fmt.Sprintf("taken-over-%d", time.Now().UnixNano())
-	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, 1, natssem.WithReplicas(3), natssem.WithMaxWaiters(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	js, err := jetstream.New(connectCluster(t, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.Consumer(ctx, natssem.StreamName(name), "holders")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cons := initClusterOfOne(ctx, t, name, natssem.WithMaxWaiters(1))
 	waiting := func() int {
 		info, err := cons.Info(ctx)
 		if err != nil {
@@ -223,6 +199,26 @@ func TestClusterGivenUpPullIsTakenOver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// initClusterOfOne creates an R3 semaphore of one permit on the cluster and
+// returns its holders consumer, to read the server's count of waiters.
+func initClusterOfOne(ctx context.Context, t *testing.T, name string, opts ...natssem.Option) jetstream.Consumer {
+	t.Helper()
+	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, 1, append(opts, natssem.WithReplicas(3))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	js, err := jetstream.New(connectCluster(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, natssem.StreamName(name), "holders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons
 }
 
 // spin waits d without sleeping (a sleep this short oversleeps).
