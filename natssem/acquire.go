@@ -50,7 +50,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
 }
 
 // maxTryDeliveries bounds how many unusable deliveries (junk, duplicates,
-// tokens held by a live holder) TryAcquire looks past before giving up.
+// tokens held by a live holder), and answers that every ready token is
+// promised to a pull queued ahead, TryAcquire looks past before giving up.
 const maxTryDeliveries = 16
 
 // acquire is Acquire (noWait false) or TryAcquire, reported to the
@@ -166,6 +167,16 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					return nil, tokensem.ErrNoPermit
 				case "408":
 					w.ended(m)
+					if noWait {
+						// "Requests Pending": the ready tokens are on their
+						// way to pulls queued ahead. Ask again a few times
+						// (one may come back, handed back by a caller that
+						// gave up), not for ever.
+						if tries++; tries >= maxTryDeliveries {
+							return nil, tokensem.ErrNoPermit
+						}
+						break wait
+					}
 					testhook.NotePullReissue("408 expired")
 					break wait // our pull expired: re-issue it
 				case "409":
