@@ -98,6 +98,9 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	for {
 		if adopted {
 			adopted = false
+			// Its first heartbeat, or the next, is due by the same rule
+			// as for a pull of this call's own.
+			timer.Reset(max(w.silence(hb), time.Millisecond))
 		} else if err := w.pull(noWait); err != nil {
 			if noWait || !transient(err) {
 				return nil, err
@@ -106,8 +109,9 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 				return nil, err
 			}
 			continue
+		} else {
+			timer.Reset(firstBeat)
 		}
-		timer.Reset(firstBeat)
 	wait:
 		for {
 			select {
@@ -121,10 +125,12 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 				}
 				s.log.Debug("waiting pull went silent; re-issuing it")
 				testhook.NotePullReissue("silent")
+				w.lost()
 				break wait
 			case <-w.reconnected:
 				s.log.Debug("reconnected; re-issuing the waiting pull")
 				testhook.NotePullReissue("reconnected")
+				w.lost()
 				break wait
 			case m := <-w.ch:
 				timer.Reset(idle)

@@ -201,6 +201,66 @@ func TestClusterGivenUpPullIsTakenOver(t *testing.T) {
 	}
 }
 
+// TestClusterDroppedPullIsNotTakenOver: a pull the server dropped without a
+// word (the waiter queue was full) is still counted by its waiter; once it
+// has been silent past its first heartbeat the next caller must not take it
+// over, but ask anew. Otherwise every caller would wait 1.5 heartbeats for
+// a pull that does not exist, and one with a shorter deadline would never
+// ask at all.
+func TestClusterDroppedPullIsNotTakenOver(t *testing.T) {
+	ctx := semtest.Context(t, 2*time.Minute)
+	name := fmt.Sprintf("dropped-pull-%d", time.Now().UnixNano())
+	cons := initClusterOfOne(ctx, t, name, natssem.WithMaxWaiters(1))
+	open := func(node int, opts ...natssem.Option) *natssem.Semaphore {
+		s, err := natssem.Open(ctx, connectCluster(t, node), name, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	holder, other := open(0), open(2)
+	s := open(1, natssem.WithPullHeartbeat(time.Second))
+	waiting := func(n int) func() bool {
+		return func() bool {
+			info, err := cons.Info(ctx)
+			return err == nil && info.NumWaiting == n
+		}
+	}
+	held, err := holder.Acquire(semtest.Context(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, quit := context.WithCancel(ctx)
+	odone := make(chan struct{})
+	go func() {
+		defer close(odone)
+		if p, err := other.Acquire(octx); err == nil {
+			_ = p.Release(ctx)
+		}
+	}()
+	waitFor(t, "the queue full", waiting(1))
+	// The server drops this pull (the queue is full); the caller learns it
+	// after 1.5 heartbeats.
+	if _, err := s.Acquire(semtest.Context(t, 10*time.Second)); !errors.Is(err, tokensem.ErrTooManyWaiters) {
+		t.Fatalf("Acquire with the queue full: %v, want ErrTooManyWaiters", err)
+	}
+	quit()
+	<-odone
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the queue empty", waiting(0))
+	// Shorter than 1.5 heartbeats: only a fresh pull gets the permit.
+	p, err := s.Acquire(semtest.Context(t, time.Second))
+	if err != nil {
+		t.Fatalf("Acquire with the permit free and nobody waiting: %v", err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // initClusterOfOne creates an R3 semaphore of one permit on the cluster and
 // returns its holders consumer, to read the server's count of waiters.
 func initClusterOfOne(ctx context.Context, t *testing.T, name string, opts ...natssem.Option) jetstream.Consumer {

@@ -48,7 +48,7 @@ func deliver(t *testing.T, s *Semaphore) (*nats.Msg, delivery) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(w.close)
+	t.Cleanup(w.drop)
 	if err := w.pull(true); err != nil {
 		t.Fatal(err)
 	}

@@ -46,10 +46,10 @@ type waiter struct {
 	// waiter with none pending can be reused as is (no unsubscribe, no
 	// flush).
 	pulls int
-	// lingerEnd is when the last pull of an abandoned waiter has expired
-	// for sure, should its end never be heard (a pull lost with a server
-	// restart).
-	lingerEnd time.Time
+	// sent is when the last pull was sent, heard when the inbox last got a
+	// message (a heartbeat included): they tell whether a pull still
+	// counted may really be queued (see silence).
+	sent, heard time.Time
 }
 
 // maxIdleWaiters bounds the inboxes a semaphore keeps for reuse.
@@ -90,9 +90,10 @@ func (s *Semaphore) getWaiter(adopt bool) (*waiter, error) {
 
 // idleWaiter takes an idle waiter and marks it in use: when adopt is set,
 // first the one that has lingered longest with a pull still queued (the
-// call takes its place), else the most recently used one with none. A waiter that saw the
-// connection come back while idle may have lost its pull: it is taken as
-// having none (a token that still comes is claimed or handed back).
+// call takes its place), else the most recently used one with none. A
+// counted pull that has gone silent (see silence) or that a reconnection
+// may have cost is taken as lost: the waiter counts as having none (a
+// token that still comes is claimed or handed back).
 func (s *Semaphore) idleWaiter(adopt bool) *waiter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -100,14 +101,12 @@ func (s *Semaphore) idleWaiter(adopt bool) *waiter {
 	pick, pickQueued := -1, false
 	for i, w := range s.idle {
 		w.mu.Lock()
-		if len(w.reconnected) > 0 {
-			for len(w.reconnected) > 0 {
-				<-w.reconnected
-			}
+		for len(w.reconnected) > 0 {
+			<-w.reconnected
 			w.pulls = 0
 		}
-		if w.pulls > 0 && now.After(w.lingerEnd) {
-			w.pulls = 0 // its pulls expired unheard
+		if w.pulls > 0 && w.silenceLocked(now, s.opts.heartbeat) <= 0 {
+			w.pulls = 0
 		}
 		queued := w.pulls > 0
 		w.mu.Unlock()
@@ -128,6 +127,32 @@ func (s *Semaphore) idleWaiter(adopt bool) *waiter {
 	w.abandoned = false
 	w.mu.Unlock()
 	return w
+}
+
+// silenceLocked is how long the waiter's last pull may stay silent before
+// it counts as lost, by the rule a waiting call applies (take): the first
+// heartbeat is due within 1.5 heartbeat intervals of the pull, and a pull
+// heard from goes lost after two intervals of silence. Zero or less: lost.
+func (w *waiter) silenceLocked(now time.Time, hb time.Duration) time.Duration {
+	if w.heard.After(w.sent) {
+		return 2*hb - now.Sub(w.heard)
+	}
+	return hb + hb/2 - now.Sub(w.sent)
+}
+
+// silence is silenceLocked for a waiter in use.
+func (w *waiter) silence(hb time.Duration) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.silenceLocked(time.Now(), hb)
+}
+
+// lost records that the waiter's counted pulls are presumed lost (silent,
+// or a reconnection): the call asks again.
+func (w *waiter) lost() {
+	w.mu.Lock()
+	w.pulls = 0
+	w.mu.Unlock()
 }
 
 // lingeringLocked counts the idle waiters with a pull still queued; s.mu
@@ -153,12 +178,6 @@ func (w *waiter) pending() int {
 	return w.pulls
 }
 
-// close unsubscribes the waiter's inbox at once.
-func (w *waiter) close() {
-	_ = w.sub.Unsubscribe()
-	w.s.nc.RemoveStatusListener(w.reconnected)
-}
-
 // drop drains the waiter's inbox: a token already at its node is still
 // received and handed back.
 func (w *waiter) drop() {
@@ -173,6 +192,7 @@ func (w *waiter) drop() {
 // goes back, and a message that ends a pull is counted.
 func (w *waiter) deliver(m *nats.Msg) {
 	w.mu.Lock()
+	w.heard = time.Now()
 	if !w.abandoned {
 		select {
 		case w.ch <- m:
@@ -197,6 +217,7 @@ func (w *waiter) pull(noWait bool) error {
 	// Counted first: the answer may arrive before PublishRequest returns.
 	w.mu.Lock()
 	w.pulls++
+	w.sent = time.Now()
 	w.mu.Unlock()
 	if err := w.s.nc.PublishRequest(w.s.pullSubj, w.inbox, b); err != nil {
 		w.mu.Lock()
@@ -242,7 +263,6 @@ func (w *waiter) finish() {
 	s := w.s
 	w.mu.Lock()
 	w.abandoned = true
-	w.lingerEnd = time.Now().Add(s.opts.pullExpiry + s.opts.RequestTimeout)
 	w.mu.Unlock()
 	for {
 		select {
@@ -256,14 +276,29 @@ func (w *waiter) finish() {
 	}
 	queued := w.pending() > 0
 	clustered := queued && s.nc.ConnectedClusterName() != ""
+	var evicted *waiter
 	s.mu.Lock()
-	if !s.closed && len(s.idle) < maxIdleWaiters && (!queued || clustered && s.lingeringLocked() < maxLingering) {
+	if queued && clustered && !s.closed && len(s.idle) >= maxIdleWaiters && s.lingeringLocked() < maxLingering {
+		// Room for a waiter whose pull is queued: one with none goes.
+		for i, o := range s.idle {
+			if o.pending() == 0 {
+				evicted = o
+				s.idle = append(s.idle[:i], s.idle[i+1:]...)
+				break
+			}
+		}
+	}
+	keep := !s.closed && len(s.idle) < maxIdleWaiters && (!queued || clustered && s.lingeringLocked() < maxLingering)
+	if keep {
 		s.idle = append(s.idle, w)
-		s.mu.Unlock()
-		return
 	}
 	s.mu.Unlock()
-	w.drop()
+	if evicted != nil {
+		evicted.drop()
+	}
+	if !keep {
+		w.drop()
+	}
 }
 
 // giveBack returns an unclaimed token delivery to the queue. Status
