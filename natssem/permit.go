@@ -144,8 +144,14 @@ func (p *Permit) renew() error {
 // record: if it still names this permit's holder, an earlier write of ours
 // landed unseen, so we retry at its revision (a renewal must land now to
 // move the deadline); if it is free and released by us, our release landed;
-// otherwise the slot was taken over.
+// otherwise the slot was taken over. A record older than the permit's own
+// revision comes from a replica that has not applied our last write yet
+// (the read is a direct get, see docs/nats-cluster-facts.md): it tells of
+// no change, so the write is tried again, for a while (as awaitRelease
+// waits for a replica), before it counts as a takeover.
 func (p *Permit) write(ctx context.Context, rec record) error {
+	lagging := time.Now().Add(min(p.s.opts.RequestTimeout, p.s.releaseWait))
+	pause := backoff.Backoff{Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}
 	for attempt := 0; attempt < 3; attempt++ {
 		p.mu.Lock()
 		rev := p.rev
@@ -158,6 +164,15 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 		got, rerr := p.s.slots.read(ctx, p.d.tok.Index)
 		if rerr != nil {
 			return errors.Join(err, rerr)
+		}
+		if got.rev < rev && time.Now().Before(lagging) {
+			p.s.log.Debug("slot record read from a replica behind our own write; writing again", "index", p.d.tok.Index,
+				"rev", rev, "read_rev", got.rev, "err", err)
+			if werr := pause.Wait(ctx, nil); werr != nil {
+				return errors.Join(err, werr)
+			}
+			attempt--
+			continue
 		}
 		switch {
 		case got.rec.Deleted:
