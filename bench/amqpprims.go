@@ -59,12 +59,8 @@ func (a *amqpSystem) primitives(ctx context.Context, samples int) (AMQPPrimitive
 	if err := chA.Confirm(false); err != nil {
 		return AMQPPrimitives{}, err
 	}
-	dc, err := chA.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("t")})
-	if err != nil {
-		return AMQPPrimitives{}, err
-	}
-	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
-		return AMQPPrimitives{}, fmt.Errorf("primitives: publish confirmed %v: %v", ok, err)
+	if err := publishConfirmed(ctx, chA, q, []byte("t")); err != nil {
+		return AMQPPrimitives{}, fmt.Errorf("primitives: %w", err)
 	}
 	warm := samples / 10
 	var p AMQPPrimitives
@@ -199,12 +195,8 @@ func (a *amqpSystem) protocolContention(ctx context.Context, workers, n int, hol
 			return nil, err
 		}
 		defer func() { _, _ = ch.QueueDelete(claim(i), false, false, false) }()
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte{byte(i)}})
-		if err != nil {
-			return nil, err
-		}
-		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
-			return nil, fmt.Errorf("protocol contention: publish confirmed %v: %v", ok, err)
+		if err := publishConfirmed(ctx, ch, q, []byte{byte(i)}); err != nil {
+			return nil, fmt.Errorf("protocol contention: %w", err)
 		}
 	}
 
@@ -313,4 +305,17 @@ func protocolWorker(conn *amqp.Connection, q string, claim func(int) string, tag
 			held(h)
 		}
 	}
+}
+
+// publishConfirmed publishes a persistent message to queue q on ch (in
+// confirm mode) and waits for the broker's confirmation.
+func publishConfirmed(ctx context.Context, ch *amqp.Channel, q string, body []byte) error {
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body})
+	if err != nil {
+		return err
+	}
+	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+		return fmt.Errorf("publish confirmed %v: %v", ok, err)
+	}
+	return nil
 }

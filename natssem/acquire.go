@@ -134,13 +134,13 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 				break wait
 			case m := <-w.ch:
 				timer.Reset(idle)
+				w.ended(m) // a token or a final status ends a pull
 				code, desc := status(m)
 				switch code {
 				case "":
 					if !isDelivery(m) {
 						continue // not for us
 					}
-					w.ended(m)
 					unanswered = time.Time{}
 					// A claim is short and runs to its end even if ctx
 					// ends meanwhile: its outcome must be known.
@@ -169,10 +169,8 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					break wait // stepped away: ask again
 				case "100": // idle heartbeat
 				case "404":
-					w.ended(m)
 					return nil, tokensem.ErrNoPermit
 				case "408":
-					w.ended(m)
 					if noWait {
 						// "Requests Pending": the ready tokens are on their
 						// way to pulls queued ahead. Ask again a few times
@@ -186,7 +184,6 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					testhook.NotePullReissue("408 expired")
 					break wait // our pull expired: re-issue it
 				case "409":
-					w.ended(m)
 					if isMaxWaiting(desc) {
 						return nil, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
 					}
@@ -200,7 +197,6 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					}
 					break wait
 				case "503":
-					w.ended(m)
 					// No consumer answers the pull: its stream or consumer
 					// is electing a leader, JetStream is restarting, or the
 					// semaphore was deleted.

@@ -39,17 +39,9 @@ func TestClusterCancelledWaiterStrandsNothing(t *testing.T) {
 	if leader < 0 {
 		t.Fatalf("consumer leader unknown: %+v", cons.CachedInfo().Cluster)
 	}
-	open := func(node int) *natssem.Semaphore {
-		s, err := natssem.Open(ctx, connectCluster(t, node), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
 	// The holder talks to the leader, so its Nak reaches it first; the
 	// waiter that gives up is on another node.
-	holder, quitter, next := open(leader), open((leader+1)%3), open((leader+2)%3)
+	holder, quitter, next := openOn(ctx, t, leader, name), openOn(ctx, t, (leader+1)%3, name), openOn(ctx, t, (leader+2)%3, name)
 	waiting := func(n int) func() bool {
 		return func() bool {
 			info, err := cons.Info(ctx)
@@ -138,11 +130,7 @@ func TestClusterGivenUpPullIsTakenOver(t *testing.T) {
 		}
 		return info.NumWaiting
 	}
-	s, err := natssem.Open(ctx, connectCluster(t, 1), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openOn(ctx, t, 1, name)
 
 	for round := range 3 {
 		held, err := s.Acquire(semtest.Context(t, 10*time.Second))
@@ -211,16 +199,8 @@ func TestClusterDroppedPullIsNotTakenOver(t *testing.T) {
 	ctx := semtest.Context(t, 2*time.Minute)
 	name := fmt.Sprintf("dropped-pull-%d", time.Now().UnixNano())
 	cons := initClusterOfOne(ctx, t, name, natssem.WithMaxWaiters(1))
-	open := func(node int, opts ...natssem.Option) *natssem.Semaphore {
-		s, err := natssem.Open(ctx, connectCluster(t, node), name, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
-	holder, other := open(0), open(2)
-	s := open(1, natssem.WithPullHeartbeat(time.Second))
+	holder, other := openOn(ctx, t, 0, name), openOn(ctx, t, 2, name)
+	s := openOn(ctx, t, 1, name, natssem.WithPullHeartbeat(time.Second))
 	waiting := func(n int) func() bool {
 		return func() bool {
 			info, err := cons.Info(ctx)
@@ -279,6 +259,17 @@ func initClusterOfOne(ctx context.Context, t *testing.T, name string, opts ...na
 		t.Fatal(err)
 	}
 	return cons
+}
+
+// openOn opens semaphore name through a connection that prefers node.
+func openOn(ctx context.Context, t *testing.T, node int, name string, opts ...natssem.Option) *natssem.Semaphore {
+	t.Helper()
+	s, err := natssem.Open(ctx, connectCluster(t, node), name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
 // spin waits d without sleeping (a sleep this short oversleeps).

@@ -144,16 +144,14 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 // apply an acknowledged write a few milliseconds after the quorum did
 // (docs/nats-cluster-facts.md): stepping away then would leave the token
 // unused until the server redelivers it, a whole lease later. The record is
-// read again at growing, jittered intervals (backoff, 100 µs doubling to
-// 20 ms) for up to the request timeout or s.releaseWait, whichever is
-// shorter. An older revision (a replica further behind) and the same
-// holder's renewal do not count as a change. changed is false if nothing
-// changed by then (a token redelivered by a stale Nak while its holder
+// read again as replicaWait says. An older revision (a replica further
+// behind) and the same holder's renewal do not count as a change. changed
+// is false if nothing changed by then (a token redelivered by a stale Nak while its holder
 // lives: the caller steps away) or if gaveUp closed first.
 func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, index int, held slotEntry) (e slotEntry, changed bool, err error) {
-	limit, cancel := context.WithTimeout(ctx, min(s.opts.RequestTimeout, s.releaseWait))
+	bound, pause := s.replicaWait()
+	limit, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	pause := backoff.Backoff{Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}
 	for { // the first read follows at once
 		got, err := s.slots.read(ctx, index)
 		switch {
@@ -166,6 +164,14 @@ func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, in
 			return slotEntry{}, false, nil
 		}
 	}
+}
+
+// replicaWait is how long, and at what pace, a client reads again a slot
+// record that a replica may not have caught up on yet (awaitRelease,
+// Permit.write): 100 µs doubling to 20 ms, jittered, for up to the request
+// timeout or s.releaseWait, whichever is shorter.
+func (s *Semaphore) replicaWait() (time.Duration, backoff.Backoff) {
+	return min(s.opts.RequestTimeout, s.releaseWait), backoff.Backoff{Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}
 }
 
 // maxReleaseWait bounds awaitRelease: far longer than a replica takes to

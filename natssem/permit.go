@@ -150,8 +150,8 @@ func (p *Permit) renew() error {
 // no change, so the write is tried again, for a while (as awaitRelease
 // waits for a replica), before it counts as a takeover.
 func (p *Permit) write(ctx context.Context, rec record) error {
-	lagging := time.Now().Add(min(p.s.opts.RequestTimeout, p.s.releaseWait))
-	pause := backoff.Backoff{Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}
+	bound, pause := p.s.replicaWait()
+	lagging := time.Now().Add(bound)
 	for attempt := 0; attempt < 3; attempt++ {
 		p.mu.Lock()
 		rev := p.rev

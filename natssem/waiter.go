@@ -278,7 +278,8 @@ func (w *waiter) finish() {
 	clustered := queued && s.nc.ConnectedClusterName() != ""
 	var evicted *waiter
 	s.mu.Lock()
-	if queued && clustered && !s.closed && len(s.idle) >= maxIdleWaiters && s.lingeringLocked() < maxLingering {
+	wanted := !s.closed && (!queued || clustered && s.lingeringLocked() < maxLingering)
+	if wanted && queued && len(s.idle) >= maxIdleWaiters {
 		// Room for a waiter whose pull is queued: one with none goes.
 		for i, o := range s.idle {
 			if o.pending() == 0 {
@@ -288,7 +289,7 @@ func (w *waiter) finish() {
 			}
 		}
 	}
-	keep := !s.closed && len(s.idle) < maxIdleWaiters && (!queued || clustered && s.lingeringLocked() < maxLingering)
+	keep := wanted && len(s.idle) < maxIdleWaiters
 	if keep {
 		s.idle = append(s.idle, w)
 	}
