@@ -518,6 +518,11 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 				fmtDur(r.Init), fmtDur(r.First), fmtDur(r.Cycle.P50), fmtDur(r.Status.P50), fmtDur(r.AfterCensus))
 		}
 	}
+	if ns, ok := sys.(*natsSystem); ok {
+		// Last, so that natssem's own figures are taken on the same
+		// server state as before these runs were added.
+		ns.playProtocols(ctx, cfg, p.handoff, res, logf)
+	}
 }
 
 // machine describes this machine.

@@ -60,12 +60,15 @@ type SystemResult struct {
 	// AMQPProtocol (amqpsem) is the contention scenario played with plain
 	// amqp091 and the same broker operations, right after amqpsem's.
 	AMQPProtocol *AMQPProtocolContention
-	Handoff      *HandoffResult
-	HandoffHot   *HandoffResult // tokensem: released as soon as the broker counts the waiter
-	Sems         *SemsResult
-	Waiters      *WaitersResult
-	BigN         *BigNResult
-	Weighted     *WeightedResult
+	// NATSProtocols (natssem) are the contention and handoff scenarios
+	// played with plain nats.go and three protocols (natsproto.go).
+	NATSProtocols []*NATSProtocolResult
+	Handoff       *HandoffResult
+	HandoffHot    *HandoffResult // tokensem: released as soon as the broker counts the waiter
+	Sems          *SemsResult
+	Waiters       *WaitersResult
+	BigN          *BigNResult
+	Weighted      *WeightedResult
 }
 
 func (r *Report) system(key string) *SystemResult {
@@ -392,6 +395,9 @@ func writeCore(w io.Writer, r *Report) {
 			"p50 %s; requeue pushed to a consumer on another channel p50 %s; exclusive consume + cancel (a claim and its end) "+
 			"p50 %s. Floors: a cycle %s (requeue + get + claim), a handoff %s (push + claim).\n\n",
 			fmtDur(p.GetRequeue.P50), fmtDur(p.Push.P50), fmtDur(p.Claim.P50), fmtDur(p.CycleFloor()), fmtDur(p.HandoffFloor()))
+	}
+	if ns := r.system("natssem"); ns != nil && len(ns.NATSProtocols) > 0 {
+		writeNATSProtocols(w, r, ns)
 	}
 	if as := r.system("amqpsem"); as != nil && as.AMQPProtocol != nil {
 		pc := as.AMQPProtocol

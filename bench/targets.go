@@ -232,7 +232,7 @@ func addVersusRedis(ts *[]Target, s, redis *SystemResult) {
 		t.Status = Missed
 		t.Why = fmt.Sprintf("each slot stood idle %s on average between holders (p50 %s): the handoff's round trips in "+
 			"sequence, while a Redis poller that wakes within 1–5 ms of a release takes the slot in one round trip, unfairly",
-			fmtDur(c.Gap.Mean), fmtDur(c.Gap.P50))
+			fmtDur(c.Gap.Mean), fmtDur(c.Gap.P50)) + protocolsVersusRedis(s, rc)
 	}
 	*ts = append(*ts, t)
 }
@@ -258,7 +258,7 @@ func addHandoffRatios(ts *[]Target, s *SystemResult, r *Report) {
 			if ratio > c.limit {
 				t.Status = Missed
 				t.Why = "a handoff is the releaser's compare-and-set, its Nak, the server's push to the waiting pull and the " +
-					"waiter's claim compare-and-set: at least three round trips in sequence"
+					"waiter's claim compare-and-set: at least three round trips in sequence" + protocolsHandoff(s, c.h == s.HandoffHot, c.raw.P50)
 			}
 		}
 		*ts = append(*ts, t)

@@ -1,0 +1,311 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Semaphore protocols on JetStream played with plain nats.go, without the
+// library, so that the harness can tell the broker's cost from natssem's
+// (natsprotorun.go plays them). Three:
+//
+//   - "queue": no semaphore at all. A work-queue stream of tokens; acquire
+//     is the delivery, release its Nak. It is the broker's own fair
+//     handoff, the floor under any protocol that hands a token on through
+//     a consumer, and unsafe: acks are not fenced, so a stale Nak or Ack
+//     acts on another holder's token (DESIGN.md).
+//   - "kv": natssem's protocol. Tokens in a work-queue stream, each slot's
+//     holder a record in a KV bucket. Acquire reads the slot's record and
+//     takes it by compare-and-set; release writes it free by
+//     compare-and-set, then Naks the token.
+//   - "register": the token and the slot's holder are one register, the
+//     last message on the slot's subjects (proto.I.tok, proto.I.held) of a
+//     stream that keeps one message per subject. A free slot's register is
+//     its token message, which a consumer filtered on proto.*.tok delivers
+//     to the first waiting pull. Acquire publishes the holder on
+//     proto.I.held only if the token's own stream sequence is still the
+//     last on proto.I.* (Nats-Expected-Last-Subject-Sequence with
+//     Nats-Expected-Last-Subject-Sequence-Subject), so the delivery carries
+//     the revision the claim needs and no read comes first. Release
+//     publishes the next token only if the holder's claim is still the
+//     last (the compare-and-set and the token's return in one write), then
+//     acks the delivery it replaced. A redelivery after a lease, a
+//     duplicate or a stale delivery fails its compare-and-set and would
+//     read the register to decide, as natssem does today
+//     (docs/nats-handoff.md has the whole sketch).
+//
+// None plays leases, renewals or crashes: the contention loop needs none.
+// Every compare-and-set that loses is counted; in this loop none should.
+
+// Protocol names for natsProtocolContention.
+const (
+	protoKV       = "kv"
+	protoRegister = "register"
+	protoQueue    = "queue"
+)
+
+// natsProtocols are played in this order (report and log).
+var natsProtocols = []string{protoQueue, protoRegister, protoKV}
+
+// protoStream is the token stream of protocol p.
+func protoStream(p string) string {
+	if p == protoRegister {
+		return "PROTO_REG"
+	}
+	return "PROTO_KV"
+}
+
+// protoSetup makes the streams (and bucket) of protocol p with n tokens,
+// and returns a function that removes them.
+func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) (func(), error) {
+	js := n.js
+	switch p {
+	case protoKV, protoQueue:
+		_ = js.DeleteStream(ctx, "PROTO_KV")
+		_ = js.DeleteKeyValue(ctx, "proto_kv")
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "proto_kv", History: 1, Storage: jetstream.FileStorage}); err != nil {
+			return nil, err
+		}
+		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_KV", Subjects: []string{"protokv.tok"},
+			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "holders", AckPolicy: jetstream.AckExplicitPolicy,
+			AckWait: time.Minute, MaxWaiting: 512}); err != nil {
+			return nil, err
+		}
+		for i := range permits {
+			if _, err := js.Publish(ctx, "protokv.tok", []byte(strconv.Itoa(i))); err != nil {
+				return nil, err
+			}
+		}
+		return func() {
+			_ = js.DeleteStream(context.Background(), "PROTO_KV")
+			_ = js.DeleteKeyValue(context.Background(), "proto_kv")
+		}, nil
+	case protoRegister:
+		_ = js.DeleteStream(ctx, "PROTO_REG")
+		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_REG", Subjects: []string{"proto.*.*"},
+			MaxMsgsPerSubject: 1, Storage: jetstream.FileStorage, AllowDirect: true})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "holders", FilterSubject: "proto.*.tok",
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxWaiting: 512}); err != nil {
+			return nil, err
+		}
+		for i := range permits {
+			if _, err := casPublish(n.probe, regSubject(i, "tok"), regSubject(i, "*"), 0, nil); err != nil {
+				return nil, err
+			}
+		}
+		return func() { _ = js.DeleteStream(context.Background(), "PROTO_REG") }, nil
+	}
+	return nil, fmt.Errorf("no protocol %q", p)
+}
+
+func regSubject(i int, kind string) string { return "proto." + strconv.Itoa(i) + "." + kind }
+
+// errLost is a compare-and-set that found another last sequence.
+var errLost = errors.New("compare-and-set lost")
+
+// casPublish publishes body on subj only if the last message on filter has
+// sequence last (0: none), and returns the new message's sequence.
+func casPublish(nc *nats.Conn, subj, filter string, last uint64, body []byte) (uint64, error) {
+	m := nats.NewMsg(subj)
+	m.Data = body
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(last, 10))
+	if filter != subj {
+		m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", filter)
+	}
+	r, err := nc.RequestMsg(m, 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	var ack struct {
+		Seq   uint64 `json:"seq"`
+		Error *struct {
+			Code    int    `json:"err_code"`
+			Message string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(r.Data, &ack); err != nil {
+		return 0, err
+	}
+	if ack.Error != nil {
+		if ack.Error.Code == 10071 || ack.Error.Code == 10164 {
+			return 0, fmt.Errorf("%w: %s", errLost, ack.Error.Message)
+		}
+		return 0, errors.New(ack.Error.Message)
+	}
+	return ack.Seq, nil
+}
+
+// lastSeq reads the sequence of the last message on subj (a direct get).
+func lastSeq(nc *nats.Conn, stream, subj string) (uint64, error) {
+	r, err := nc.Request("$JS.API.DIRECT.GET."+stream, []byte(`{"last_by_subj":"`+subj+`"}`), 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	if st := r.Header.Get("Status"); st == "404" {
+		return 0, nil
+	} else if st != "" {
+		return 0, fmt.Errorf("direct get %s: %s %s", subj, st, r.Header.Get("Description"))
+	}
+	return strconv.ParseUint(r.Header.Get("Nats-Sequence"), 10, 64)
+}
+
+// protoPuller pulls one message at a time from a durable consumer on an
+// inbox of its own, as natssem's waiters do (one pull request outstanding,
+// served in the order the server got them).
+type protoPuller struct {
+	nc    *nats.Conn
+	sub   *nats.Subscription
+	inbox string
+	next  string // the consumer's next-message subject
+}
+
+func newPuller(nc *nats.Conn, stream string) (*protoPuller, error) {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	return &protoPuller{nc: nc, sub: sub, inbox: inbox, next: "$JS.API.CONSUMER.MSG.NEXT." + stream + ".holders"}, nil
+}
+
+// pull waits for one delivery; nil when stop closed first.
+func (p *protoPuller) pull(stop <-chan struct{}) (*nats.Msg, error) {
+	const expires = 500 * time.Millisecond
+	req := []byte(`{"batch":1,"expires":` + strconv.FormatInt(int64(expires), 10) + `}`)
+	for {
+		select {
+		case <-stop:
+			return nil, nil
+		default:
+		}
+		if err := p.nc.PublishRequest(p.next, p.inbox, req); err != nil {
+			return nil, err
+		}
+		for {
+			m, err := p.sub.NextMsg(2 * expires)
+			if err != nil {
+				return nil, err
+			}
+			if st := m.Header.Get("Status"); st != "" {
+				if st == "100" {
+					continue // heartbeat
+				}
+				break // 408: the pull expired; ask again
+			}
+			return m, nil
+		}
+	}
+}
+
+// protoHeld is a slot held under one of the protocols.
+type protoHeld struct {
+	m     *nats.Msg
+	idx   int
+	claim uint64 // the holder's write (kv, register)
+}
+
+// protoOps are one protocol's acquire (turning a delivery into a held slot)
+// and release.
+type protoOps struct {
+	acquire func(nc *nats.Conn, m *nats.Msg, holder []byte) (protoHeld, error)
+	release func(nc *nats.Conn, h protoHeld) error
+}
+
+func opsOf(p string) protoOps {
+	switch p {
+	case protoRegister:
+		return protoOps{registerAcquire, registerRelease}
+	case protoQueue:
+		return protoOps{queueAcquire, queueRelease}
+	}
+	return protoOps{kvAcquire, kvRelease}
+}
+
+// kvAcquire is natssem's claim: read the slot's record, take it by
+// compare-and-set.
+func kvAcquire(nc *nats.Conn, m *nats.Msg, holder []byte) (protoHeld, error) {
+	idx, err := strconv.Atoi(string(m.Data))
+	if err != nil {
+		return protoHeld{}, err
+	}
+	key := kvSlotKey(idx)
+	rev, err := lastSeq(nc, "KV_proto_kv", key)
+	if err != nil {
+		return protoHeld{idx: idx}, err
+	}
+	claim, err := casPublish(nc, key, key, rev, holder)
+	if err != nil {
+		_ = m.Nak()
+		return protoHeld{idx: idx}, err
+	}
+	return protoHeld{m: m, idx: idx, claim: claim}, nil
+}
+
+// kvRelease frees the record by compare-and-set, then Naks the token.
+func kvRelease(nc *nats.Conn, h protoHeld) error {
+	key := kvSlotKey(h.idx)
+	if _, err := casPublish(nc, key, key, h.claim, []byte(`{}`)); err != nil {
+		return err
+	}
+	return h.m.Nak()
+}
+
+func kvSlotKey(idx int) string { return "$KV.proto_kv.slot." + strconv.Itoa(idx) }
+
+// registerAcquire claims the slot at the token's own sequence.
+func registerAcquire(nc *nats.Conn, m *nats.Msg, holder []byte) (protoHeld, error) {
+	meta, err := m.Metadata()
+	if err != nil {
+		return protoHeld{}, err
+	}
+	parts := strings.Split(m.Subject, ".")
+	if len(parts) != 3 {
+		return protoHeld{}, fmt.Errorf("token subject %q", m.Subject)
+	}
+	idx, err := strconv.Atoi(parts[1])
+	if err != nil {
+		return protoHeld{}, err
+	}
+	claim, err := casPublish(nc, regSubject(idx, "held"), regSubject(idx, "*"), meta.Sequence.Stream, holder)
+	if err != nil {
+		// A stale or duplicate delivery: its token is not the last word.
+		_ = m.Ack()
+		return protoHeld{idx: idx}, err
+	}
+	return protoHeld{m: m, idx: idx, claim: claim}, nil
+}
+
+// registerRelease publishes the next token at the claim's sequence, then
+// acks the delivery it replaced.
+func registerRelease(nc *nats.Conn, h protoHeld) error {
+	if _, err := casPublish(nc, regSubject(h.idx, "tok"), regSubject(h.idx, "*"), h.claim, []byte(`{}`)); err != nil {
+		return err
+	}
+	return h.m.Ack()
+}
+
+// queueAcquire and queueRelease are no semaphore at all: hold the
+// delivery, Nak it. It is the work queue's own handoff, the floor under
+// any protocol that returns a token through the consumer (and unsafe:
+// nothing fences a stale Nak).
+func queueAcquire(_ *nats.Conn, m *nats.Msg, _ []byte) (protoHeld, error) {
+	idx, err := strconv.Atoi(string(m.Data))
+	return protoHeld{m: m, idx: idx}, err
+}
+
+func queueRelease(_ *nats.Conn, h protoHeld) error { return h.m.Nak() }
