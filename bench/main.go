@@ -45,6 +45,7 @@ type config struct {
 	amqpURL         string
 	natsURL         string
 	natsGroup       string
+	natsCluster     bool
 	redisBin        string
 	workers         int
 	weightedWorkers int
@@ -78,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.quick, "quick", false, "short runs (fewer samples, 3 s of contention): the whole run takes a few minutes")
 	fs.StringVar(&c.amqpURL, "amqp-url", cmp.Or(os.Getenv("RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (default $RABBITMQ_URL)")
 	fs.StringVar(&c.natsURL, "nats-url", "", "run natssem on this NATS server (with JetStream) instead of an embedded one")
+	fs.BoolVar(&c.natsCluster, "nats-cluster", false, "run natssem on a 3-node NATS cluster embedded in the harness (R3 streams and buckets, clients spread over the nodes)")
 	fs.StringVar(&c.natsGroup, "nats-group", "", "make every natssem semaphore a key of this group (natssem.WithGroup: one stream and bucket for all)")
 	fs.StringVar(&c.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH)")
 	fs.IntVar(&c.workers, "workers", 32, "contention: workers, each on a connection of its own")
@@ -115,6 +117,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.idle < 0 {
 		return nil, errors.New("-handoff-idle must not be negative")
+	}
+	if c.natsCluster && c.natsURL != "" {
+		return nil, errors.New("-nats-cluster starts a cluster of its own: it cannot go with -nats-url")
 	}
 	if c.workers < 1 || c.weightedWorkers < 1 || c.permits < 1 || c.hold <= 0 || c.duration <= 0 || c.sems < 1 || c.waiters < 1 || c.bigN < 1 ||
 		c.amqpSems < 1 || c.amqpWaits < 1 {
@@ -303,7 +308,7 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 		switch key {
 		case "natssem":
 			res.Label, res.Tokensem = "natssem", true
-			ns, err := startNATS(cfg.natsURL, cfg.natsGroup)
+			ns, err := startNATS(ctx, cfg.natsURL, cfg.natsGroup, cfg.natsCluster)
 			if err != nil {
 				res.Skipped = "NATS: " + err.Error()
 				break
@@ -314,7 +319,8 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 			rep.Machine.NATS = ns.Version()
 			rep.Machine.NATSURL = cfg.natsURL
 			rep.Machine.NATSGroup = cfg.natsGroup
-			logf("nats-server %s at %s (embedded: %v)", ns.Version(), ns.url, ns.srv != nil)
+			rep.Machine.NATSReplicas = ns.replicas
+			logf("nats-server %s at %s (embedded: %v, replicas %d)", ns.Version(), ns.url, ns.srv != nil || ns.cluster != nil, max(ns.replicas, 1))
 			if d, err := ns.rawRTT(ctx, p.rtt, 0); err != nil {
 				rep.RawErr = err.Error()
 			} else {

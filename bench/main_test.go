@@ -25,6 +25,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "empty scenarios", args: []string{"-scenarios", ","}, wantErr: true},
 		{name: "bad workers", args: []string{"-workers", "0"}, wantErr: true},
 		{name: "stray argument", args: []string{"extra"}, wantErr: true},
+		{name: "a cluster of its own and a server", args: []string{"-nats-cluster", "-nats-url", "nats://x"}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

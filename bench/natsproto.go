@@ -66,16 +66,16 @@ func protoStream(p string) string {
 // protoSetup makes the streams (and bucket) of protocol p with n tokens,
 // and returns a function that removes them.
 func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) (func(), error) {
-	js := n.js
+	js, r := n.js, max(n.replicas, 1)
 	switch p {
 	case protoKV, protoQueue:
 		_ = js.DeleteStream(ctx, "PROTO_KV")
 		_ = js.DeleteKeyValue(ctx, "proto_kv")
-		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "proto_kv", History: 1, Storage: jetstream.FileStorage}); err != nil {
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "proto_kv", History: 1, Storage: jetstream.FileStorage, Replicas: r}); err != nil {
 			return nil, err
 		}
 		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_KV", Subjects: []string{"protokv.tok"},
-			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
+			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: r})
 		if err != nil {
 			return nil, err
 		}
@@ -95,7 +95,7 @@ func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) (fun
 	case protoRegister:
 		_ = js.DeleteStream(ctx, "PROTO_REG")
 		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_REG", Subjects: []string{"proto.*.*"},
-			MaxMsgsPerSubject: 1, Storage: jetstream.FileStorage, AllowDirect: true})
+			MaxMsgsPerSubject: 1, Storage: jetstream.FileStorage, AllowDirect: true, Replicas: r})
 		if err != nil {
 			return nil, err
 		}

@@ -1,28 +1,45 @@
 package main
 
 import (
+	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestNATSProtocols plays each protocol briefly on an embedded server: each
 // must move tokens, never admit more than N at once, and (in a loop with no
 // crashes) never lose a compare-and-set.
 func TestNATSProtocols(t *testing.T) {
-	n, err := startNATS("", "")
+	n, err := startNATS(t.Context(), "", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
+	playBriefly(t, n)
+}
+
+// playBriefly plays each protocol briefly on n: each must move tokens and
+// never admit more than N at once.
+func playBriefly(t *testing.T, n *natsSystem) {
 	for _, p := range natsProtocols {
 		t.Run(p, func(t *testing.T) {
 			c, err := n.natsProtocolContention(t.Context(), p, 8, 2, time.Millisecond, 300*time.Millisecond, true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Acquisitions == 0 || c.Peak < 1 || c.Peak > 2 || c.Conflicts != 0 {
-				t.Errorf("contention: %d acquisitions, peak %d of 2, %d lost compare-and-sets", c.Acquisitions, c.Peak, c.Conflicts)
+			if c.Acquisitions == 0 || c.Peak < 1 || c.Peak > 2 {
+				t.Errorf("contention: %d acquisitions, peak %d of 2", c.Acquisitions, c.Peak)
+			}
+			// A lost compare-and-set is safe, but in a loop without
+			// crashes it should only come from a replica read behind
+			// (kv on a cluster).
+			if c.Conflicts != 0 && (p != protoKV || n.replicas < 2) {
+				t.Errorf("contention: %d lost compare-and-sets", c.Conflicts)
 			}
 			h, err := n.natsProtocolHandoff(t.Context(), p, 20, 0)
 			if err != nil {
@@ -33,6 +50,61 @@ func TestNATSProtocols(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNATSProtocolsOnCluster: on a 3-node cluster (R3), a write
+// conditional on the last sequence of a wildcard filter has exactly one
+// winner among writers on every node (the register protocol's claim rests
+// on it), and every protocol plays safely.
+func TestNATSProtocolsOnCluster(t *testing.T) {
+	n, err := startNATS(t.Context(), "", "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if _, err := n.js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "CAS", Subjects: []string{"cas.*.*"},
+		MaxMsgsPerSubject: 1, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var conns []*nats.Conn
+	for i := range n.cluster.Size() {
+		nc, err := nats.Connect("nats://" + n.cluster.Addr(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		conns = append(conns, nc)
+	}
+	last, err := casPublish(conns[0], "cas.0.tok", "cas.0.*", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 20 {
+		var (
+			wg   sync.WaitGroup
+			mu   sync.Mutex
+			wins []uint64
+		)
+		for w := range 9 {
+			wg.Go(func() {
+				seq, err := casPublish(conns[w%len(conns)], "cas.0.held", "cas.0.*", last, []byte{byte(w)})
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					wins = append(wins, seq)
+				case !errors.Is(err, errLost):
+					t.Errorf("round %d: %v", round, err)
+				}
+			})
+		}
+		wg.Wait()
+		if len(wins) != 1 {
+			t.Fatalf("round %d: %d writes won at sequence %d", round, len(wins), last)
+		}
+		last = wins[0]
+	}
+	playBriefly(t, n)
 }
 
 // TestNATSProtocolsVerdict: natssem's target against Redis says what the

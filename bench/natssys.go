@@ -3,38 +3,58 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tokensem/tokensem/internal/natstest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
 // natsSystem is natssem on an embedded nats-server (loopback, file store in
-// a temporary directory, R1) started by the harness.
+// a temporary directory, R1) started by the harness, or on a 3-node cluster
+// of them (-nats-cluster: R3 semaphores, clients spread over the nodes).
 // With an external URL (-nats-url) it uses that server instead.
 type natsSystem struct {
-	srv   *embedded.Server // nil for an external server
-	url   string
-	probe *nats.Conn
-	js    jetstream.JetStream
-	group string // -nats-group: every semaphore a key of this group
+	srv     *embedded.Server  // nil for an external server or a cluster
+	cluster *natstest.Cluster // -nats-cluster
+	dir     string            // the cluster's stores
+	url     string
+	probe   *nats.Conn
+	js      jetstream.JetStream
+	group   string // -nats-group: every semaphore a key of this group
+	// replicas of every semaphore and of the protocols' streams
+	// (natsproto.go); 0 is the default, 1.
+	replicas int
 }
 
-// startNATS starts the embedded server, or connects to url when set.
-func startNATS(url, group string) (*natsSystem, error) {
-	var srv *embedded.Server
-	if url == "" {
-		var err error
-		if srv, err = embedded.Start(embedded.Config{}); err != nil {
+// startNATS starts the embedded server (or a 3-node cluster of them), or
+// connects to url when set.
+func startNATS(ctx context.Context, url, group string, cluster bool) (*natsSystem, error) {
+	n := &natsSystem{url: url, group: group}
+	switch {
+	case cluster:
+		dir, err := os.MkdirTemp("", "bench-nats-cluster-")
+		if err != nil {
 			return nil, err
 		}
-		url = srv.URL()
+		n.dir = dir
+		if n.cluster, err = natstest.StartCluster(ctx, 3, dir); err != nil {
+			n.Close()
+			return nil, err
+		}
+		n.url, n.replicas = n.cluster.URL(), 3
+	case url == "":
+		var err error
+		if n.srv, err = embedded.Start(embedded.Config{}); err != nil {
+			return nil, err
+		}
+		n.url = n.srv.URL()
 	}
-	n := &natsSystem{srv: srv, url: url, group: group}
-	probe, err := nats.Connect(url, nats.Name("bench-probe"))
+	probe, err := nats.Connect(n.url, nats.Name("bench-probe"))
 	if err != nil {
 		n.Close()
 		return nil, err
@@ -58,7 +78,7 @@ func (n *natsSystem) Connect(ctx context.Context) (Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return natsClient{nc: nc, group: n.group}, nil
+	return natsClient{nc: nc, group: n.group, replicas: n.replicas}, nil
 }
 
 // groupOpts returns the options every natssem call takes: the group, if
@@ -104,15 +124,25 @@ func (n *natsSystem) Close() {
 	if n.srv != nil {
 		n.srv.Shutdown()
 	}
+	if n.cluster != nil {
+		n.cluster.Shutdown()
+	}
+	if n.dir != "" {
+		_ = os.RemoveAll(n.dir)
+	}
 }
 
 type natsClient struct {
-	nc    *nats.Conn
-	group string
+	nc       *nats.Conn
+	group    string
+	replicas int
 }
 
 func (c natsClient) Init(ctx context.Context, name string, permits, maxWaiters int) (Sem, error) {
 	opts := groupOpts(c.group)
+	if c.replicas > 1 {
+		opts = append(opts, natssem.WithReplicas(c.replicas))
+	}
 	if maxWaiters > natssem.DefaultMaxWaiters {
 		opts = append(opts, natssem.WithMaxWaiters(maxWaiters))
 	}

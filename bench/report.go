@@ -18,6 +18,7 @@ type Machine struct {
 	RabbitURL          string
 	NATSURL            string // empty: embedded
 	NATSGroup          string // natssem semaphores are keys of this group (-nats-group)
+	NATSReplicas       int    // > 1: a cluster embedded by the harness (-nats-cluster)
 	Redis              string
 	LoadStart, LoadEnd string
 }
@@ -245,6 +246,10 @@ func natsLine(m Machine) string {
 	}
 	if m.NATSURL != "" {
 		return brokerVersion("nats-server ", m.NATS, " at "+m.NATSURL+" (a server of its own, not embedded)"+group)
+	}
+	if m.NATSReplicas > 1 {
+		return brokerVersion("nats-server ", m.NATS, fmt.Sprintf(" (a %d-node cluster embedded in the harness process, loopback, "+
+			"file store, R%d semaphores, clients spread over the nodes)", m.NATSReplicas, m.NATSReplicas)+group)
 	}
 	return brokerVersion("nats-server ", m.NATS, " (embedded in the harness process, loopback, file store, R1)"+group)
 }
