@@ -63,54 +63,58 @@ func protoStream(p string) string {
 	return "PROTO_KV"
 }
 
-// protoSetup makes the streams (and bucket) of protocol p with n tokens,
-// and returns a function that removes them.
-func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) (func(), error) {
+// protoSetup makes the streams (and bucket) of protocol p afresh, with
+// permits tokens.
+func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) error {
 	js, r := n.js, max(n.replicas, 1)
+	n.protoRemove(ctx, p)
 	switch p {
 	case protoKV, protoQueue:
-		_ = js.DeleteStream(ctx, "PROTO_KV")
-		_ = js.DeleteKeyValue(ctx, "proto_kv")
 		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "proto_kv", History: 1, Storage: jetstream.FileStorage, Replicas: r}); err != nil {
-			return nil, err
+			return err
 		}
 		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_KV", Subjects: []string{"protokv.tok"},
 			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: r})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "holders", AckPolicy: jetstream.AckExplicitPolicy,
 			AckWait: time.Minute, MaxWaiting: 512}); err != nil {
-			return nil, err
+			return err
 		}
 		for i := range permits {
 			if _, err := js.Publish(ctx, "protokv.tok", []byte(strconv.Itoa(i))); err != nil {
-				return nil, err
+				return err
 			}
 		}
-		return func() {
-			_ = js.DeleteStream(context.Background(), "PROTO_KV")
-			_ = js.DeleteKeyValue(context.Background(), "proto_kv")
-		}, nil
+		return nil
 	case protoRegister:
-		_ = js.DeleteStream(ctx, "PROTO_REG")
 		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_REG", Subjects: []string{"proto.*.*"},
 			MaxMsgsPerSubject: 1, Storage: jetstream.FileStorage, AllowDirect: true, Replicas: r})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "holders", FilterSubject: "proto.*.tok",
 			AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxWaiting: 512}); err != nil {
-			return nil, err
+			return err
 		}
 		for i := range permits {
 			if _, err := casPublish(n.probe, regSubject(i, "tok"), regSubject(i, "*"), 0, nil); err != nil {
-				return nil, err
+				return err
 			}
 		}
-		return func() { _ = js.DeleteStream(context.Background(), "PROTO_REG") }, nil
+		return nil
 	}
-	return nil, fmt.Errorf("no protocol %q", p)
+	return fmt.Errorf("no protocol %q", p)
+}
+
+// protoRemove removes what protoSetup made for p, best effort.
+func (n *natsSystem) protoRemove(ctx context.Context, p string) {
+	ctx = context.WithoutCancel(ctx)
+	_ = n.js.DeleteStream(ctx, protoStream(p))
+	if p != protoRegister {
+		_ = n.js.DeleteKeyValue(ctx, "proto_kv")
+	}
 }
 
 func regSubject(i int, kind string) string { return "proto." + strconv.Itoa(i) + "." + kind }

@@ -23,30 +23,31 @@ func TestNATSProtocols(t *testing.T) {
 	playBriefly(t, n)
 }
 
-// playBriefly plays each protocol briefly on n: each must move tokens and
-// never admit more than N at once.
+// playBriefly plays each protocol briefly on n through the harness's
+// scenarios: each must move tokens and never admit more than N at once.
 func playBriefly(t *testing.T, n *natsSystem) {
 	for _, p := range natsProtocols {
 		t.Run(p, func(t *testing.T) {
-			c, err := n.natsProtocolContention(t.Context(), p, 8, 2, time.Millisecond, 300*time.Millisecond, true)
+			ps := &protoSystem{n: n, p: p, ops: opsOf(p)}
+			c, err := runContention(t.Context(), ps, "proto", 8, 2, time.Millisecond, 300*time.Millisecond, true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Acquisitions == 0 || c.Peak < 1 || c.Peak > 2 {
-				t.Errorf("contention: %d acquisitions, peak %d of 2", c.Acquisitions, c.Peak)
+			if c.Throughput == 0 || c.Peak < 1 || c.Peak > 2 {
+				t.Errorf("contention: %.0f/s, peak %d of 2", c.Throughput, c.Peak)
 			}
-			// A lost compare-and-set is safe, but in a loop without
-			// crashes it should only come from a replica read behind
-			// (kv on a cluster).
-			if c.Conflicts != 0 && (p != protoKV || n.replicas < 2) {
-				t.Errorf("contention: %d lost compare-and-sets", c.Conflicts)
-			}
-			h, err := n.natsProtocolHandoff(t.Context(), p, 20, 0)
+			h, err := runHandoff(t.Context(), ps, "proto", 20, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if h.N != 20 || h.P50 <= 0 {
 				t.Errorf("handoff: %d samples, p50 %v", h.N, h.P50)
+			}
+			// A lost compare-and-set is safe, but in a loop without
+			// crashes it should only come from a replica read behind
+			// (kv on a cluster).
+			if c := ps.conflicts.Load(); c != 0 && (p != protoKV || n.replicas < 2) {
+				t.Errorf("%d lost compare-and-sets", c)
 			}
 		})
 	}
@@ -122,7 +123,7 @@ func TestNATSProtocolsVerdict(t *testing.T) {
 	set := func(queue, register, kv float64) {
 		ns.NATSProtocols = nil
 		for p, thr := range map[string]float64{protoQueue: queue, protoRegister: register, protoKV: kv} {
-			ns.natsProtocol(p).Contention = &NATSProtocolContention{Protocol: p, N: 4, Throughput: thr, Ceiling: 4000}
+			ns.natsProtocol(p).Contention = &ContentionResult{N: 4, Throughput: thr, Ceiling: 4000}
 		}
 	}
 	why := func() string {

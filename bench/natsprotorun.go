@@ -6,291 +6,177 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/tokensem/tokensem"
 )
 
-// Playing the protocols of natsproto.go under the harness's contention and
-// handoff scenarios, and reporting them beside natssem.
+// The protocols of natsproto.go, played through the very scenarios that
+// measure natssem (runContention, runHandoff) on the same server, so that
+// what differs between them and natssem is the library alone; and their
+// report beside natssem.
 
 // NATSProtocolResult is what one protocol measured; nil fields did not run.
 type NATSProtocolResult struct {
 	Protocol   string
-	Contention *NATSProtocolContention
-	Handoff    *Summary // to a waiter idle for the run's -handoff-idle
-	HandoffHot *Summary // to a waiter released at once
+	Contention *ContentionResult
+	Conflicts  int64          // compare-and-sets lost over the whole run (none expected on one server)
+	Handoff    *HandoffResult // to a waiter idle for the run's -handoff-idle
+	HandoffHot *HandoffResult // to a waiter released at once
 }
-
-// NATSProtocolContention is one protocol's contention run.
-type NATSProtocolContention struct {
-	Protocol     string
-	Workers, N   int
-	Acquisitions int
-	Throughput   float64 // acquisitions per second
-	Ceiling      float64 // N / hold
-	MeanHold     time.Duration
-	Gap          Summary // release call to the next holder's claim, per slot
-	Fair         Fairness
-	Peak         int // most holders at once
-	Conflicts    int // compare-and-sets lost (none expected)
-}
-
-// Percent is the throughput as a share of the ceiling.
-func (c *NATSProtocolContention) Percent() float64 { return 100 * c.Throughput / c.Ceiling }
 
 // playProtocols plays every protocol's contention and handoff scenarios,
 // those of them the run selected, into res.
 func (n *natsSystem) playProtocols(ctx context.Context, cfg *config, handoffs int, res *SystemResult, logf func(string, ...any)) {
 	for _, proto := range natsProtocols {
+		ps := &protoSystem{n: n, p: proto, ops: opsOf(proto)}
 		pr := res.natsProtocol(proto)
+		name := "proto-" + proto
 		if cfg.has("contention") {
-			r, err := n.natsProtocolContention(ctx, proto, cfg.workers, cfg.permits, cfg.hold, cfg.duration, !cfg.sleepHold)
-			if err != nil {
+			r, err := runContention(ctx, ps, name, cfg.workers, cfg.permits, cfg.hold, cfg.duration, !cfg.sleepHold)
+			switch {
+			case err != nil:
 				logf("NATS %s protocol contention: %v", proto, err)
-			} else {
+			case r.Peak > r.N:
+				logf("NATS %s protocol contention: %d holders at once on %d permits", proto, r.Peak, r.N)
+			default:
 				pr.Contention = r
 				logf("NATS %s protocol contention (plain nats.go): %.0f/s (%.0f%% of %.0f/s), max/min %.2f, peak holders %d, "+
-					"slot idle p50 %s mean %s, mean hold %s, lost compare-and-sets %d", proto, r.Throughput, r.Percent(), r.Ceiling,
-					r.Fair.MaxMin, r.Peak, fmtDur(r.Gap.P50), fmtDur(r.Gap.Mean), fmtDur(r.MeanHold), r.Conflicts)
+					"slot idle p50 %s mean %s, mean hold %s", proto, r.Throughput, r.Percent(), r.Ceiling,
+					r.Fair.MaxMin, r.Peak, fmtDur(r.Gap.P50), fmtDur(r.Gap.Mean), fmtDur(r.MeanHold))
 			}
 		}
-		if !cfg.has("handoff") {
-			continue
+		if cfg.has("handoff") {
+			for _, idle := range []time.Duration{cfg.idle, 0} {
+				r, err := runHandoff(ctx, ps, name, handoffs, idle, 0)
+				if err != nil {
+					logf("NATS %s protocol handoff: %v", proto, err)
+					break
+				}
+				if idle > 0 {
+					pr.Handoff = r
+				} else {
+					pr.HandoffHot = r
+				}
+				logf("NATS %s protocol handoff (plain nats.go, waiter idle %s): p50 %s p99 %s", proto, fmtDur(idle), fmtDur(r.P50), fmtDur(r.P99))
+				if idle == 0 {
+					break
+				}
+			}
 		}
-		for _, idle := range []time.Duration{cfg.idle, 0} {
-			r, err := n.natsProtocolHandoff(ctx, proto, handoffs, idle)
-			if err != nil {
-				logf("NATS %s protocol handoff: %v", proto, err)
-				break
-			}
-			if idle > 0 {
-				pr.Handoff = &r
-			} else {
-				pr.HandoffHot = &r
-			}
-			logf("NATS %s protocol handoff (plain nats.go, waiter idle %s): p50 %s p99 %s", proto, fmtDur(idle), fmtDur(r.P50), fmtDur(r.P99))
-			if idle == 0 {
-				break
-			}
-		}
+		pr.Conflicts = ps.conflicts.Load()
 	}
 }
 
-// natsProtocolContention runs protocol p for dur after a second of
-// warm-up: workers on connections of their own loop acquire, hold for
-// hold, release, on n permits.
-func (n *natsSystem) natsProtocolContention(ctx context.Context, p string, workers, permits int, hold, dur time.Duration, precise bool) (*NATSProtocolContention, error) {
-	cleanup, err := n.protoSetup(ctx, p, permits)
-	if err != nil {
-		return nil, fmt.Errorf("%s protocol: %w", p, err)
-	}
-	defer cleanup()
+// protoSystem is protocol p on n's server, as a System.
+type protoSystem struct {
+	n         *natsSystem
+	p         string
+	ops       protoOps
+	conflicts atomic.Int64
+}
 
-	var (
-		counting  atomic.Bool
-		stop      = make(chan struct{})
-		mu        sync.Mutex
-		counts    = make([]int, workers)
-		holds     time.Duration
-		conflicts atomic.Int64
-		errs      []error
-		wg        sync.WaitGroup
-		meter     Meter
-		// released[i]: when slot i's last holder began its release.
-		released = make([]atomic.Int64, permits)
-		gaps     []time.Duration
-	)
-	ops := opsOf(p)
-	for w := range workers {
-		nc, err := nats.Connect(n.url, nats.Name(fmt.Sprintf("bench-proto-%d", w)))
-		if err != nil {
-			close(stop)
-			wg.Wait()
-			return nil, err
-		}
-		defer nc.Close()
-		pl, err := newPuller(nc, protoStream(p))
-		if err != nil {
-			close(stop)
-			wg.Wait()
-			return nil, err
-		}
-		wg.Go(func() {
-			holder := []byte(fmt.Sprintf(`{"h":"w%d"}`, w))
-			for {
-				m, err := pl.pull(stop)
-				if err != nil || m == nil {
-					if err != nil {
-						mu.Lock()
-						errs = append(errs, err)
-						mu.Unlock()
-					}
-					return
-				}
-				h, err := ops.acquire(nc, m, holder)
-				if errors.Is(err, errLost) {
-					conflicts.Add(1)
-					continue
-				}
-				if err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("slot %d: %w", h.idx, err))
-					mu.Unlock()
-					return
-				}
-				if r := released[h.idx].Load(); r != 0 && counting.Load() {
-					g := time.Duration(time.Now().UnixNano() - r)
-					mu.Lock()
-					gaps = append(gaps, g)
-					mu.Unlock()
-				}
-				meter.Enter()
-				t0 := time.Now()
-				holdFor(hold, precise)
-				heldFor := time.Since(t0)
-				meter.Leave()
-				released[h.idx].Store(time.Now().UnixNano())
-				if err := ops.release(nc, h); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("slot %d: %w", h.idx, err))
-					mu.Unlock()
-					return
-				}
-				if counting.Load() {
-					mu.Lock()
-					counts[w]++
-					holds += heldFor
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	select {
-	case <-time.After(time.Second):
-	case <-ctx.Done():
-	}
-	counting.Store(true)
-	select {
-	case <-time.After(dur):
-	case <-ctx.Done():
-	}
-	counting.Store(false)
-	close(stop)
-	wg.Wait()
-	if err := joinDistinct(errs); err != nil {
+func (s *protoSystem) Key() string   { return "nats-" + s.p }
+func (s *protoSystem) Label() string { return "NATS " + s.p + " protocol (plain nats.go)" }
+
+func (s *protoSystem) Connect(context.Context) (Client, error) {
+	nc, err := nats.Connect(s.n.url, nats.Name("bench-proto-"+s.p))
+	if err != nil {
 		return nil, err
 	}
-	total := 0
-	for _, c := range counts {
-		total += c
-	}
-	r := &NATSProtocolContention{Protocol: p, Workers: workers, N: permits, Acquisitions: total,
-		Throughput: float64(total) / dur.Seconds(), Ceiling: float64(permits) / hold.Seconds(),
-		Gap: Summarize(gaps), Fair: FairnessOf(counts), Peak: meter.Peak(), Conflicts: int(conflicts.Load())}
-	if total > 0 {
-		r.MeanHold = holds / time.Duration(total)
-	}
-	if r.Peak > permits {
-		return r, fmt.Errorf("%s protocol: %d holders at once on %d permits", p, r.Peak, permits)
-	}
-	return r, ctx.Err()
+	return &protoClient{s: s, nc: nc}, nil
 }
 
-// natsProtocolHandoff times protocol p's handoff on one permit: a holder
-// releases once the consumer counts the other client's pull waiting and
-// idle has passed; the time runs from the release call to the waiter
-// holding. The two clients swap roles after each sample.
-func (n *natsSystem) natsProtocolHandoff(ctx context.Context, p string, samples int, idle time.Duration) (Summary, error) {
-	cleanup, err := n.protoSetup(ctx, p, 1)
+// Waiting counts the pulls waiting at the protocol's consumer (there is one
+// semaphore per protocol: name does not matter).
+func (s *protoSystem) Waiting(ctx context.Context, _ string) (int, error) {
+	c, err := s.n.js.Consumer(ctx, protoStream(s.p), "holders")
 	if err != nil {
-		return Summary{}, fmt.Errorf("%s protocol: %w", p, err)
+		return 0, err
 	}
-	defer cleanup()
-	stream := protoStream(p)
-	cons, err := n.js.Consumer(ctx, stream, "holders")
+	info, err := c.Info(ctx)
 	if err != nil {
-		return Summary{}, err
+		return 0, err
 	}
-	ops := opsOf(p)
-	type client struct {
-		nc *nats.Conn
-		pl *protoPuller
-	}
-	var cl [2]client
-	for i := range cl {
-		nc, err := nats.Connect(n.url, nats.Name(fmt.Sprintf("bench-proto-handoff-%d", i)))
-		if err != nil {
-			return Summary{}, err
-		}
-		defer nc.Close()
-		pl, err := newPuller(nc, stream)
-		if err != nil {
-			return Summary{}, err
-		}
-		cl[i] = client{nc, pl}
-	}
-	never := make(chan struct{})
-	m, err := cl[0].pl.pull(never)
-	if err != nil {
-		return Summary{}, err
-	}
-	held, err := ops.acquire(cl[0].nc, m, []byte(`{"h":"0"}`))
-	if err != nil {
-		return Summary{}, err
-	}
-	type got struct {
-		h   protoHeld
-		at  time.Time
-		err error
-	}
-	var out []time.Duration
-	holder := 0
-	for i := range samples + samples/10 {
-		waiter := 1 - holder
-		ch := make(chan got, 1)
-		go func() {
-			m, err := cl[waiter].pl.pull(never)
-			if err != nil {
-				ch <- got{err: err}
-				return
-			}
-			h, err := ops.acquire(cl[waiter].nc, m, []byte(`{"h":"w"}`))
-			ch <- got{h, time.Now(), err}
-		}()
-		for {
-			ci, err := cons.Info(ctx)
-			if err != nil {
-				return Summary{}, err
-			}
-			if ci.NumWaiting > 0 {
-				break
-			}
-			if ctx.Err() != nil {
-				return Summary{}, ctx.Err()
-			}
-		}
-		if idle > 0 {
-			time.Sleep(idle)
-		}
-		t0 := time.Now()
-		if err := ops.release(cl[holder].nc, held); err != nil {
-			return Summary{}, err
-		}
-		g := <-ch
-		if g.err != nil {
-			return Summary{}, g.err
-		}
-		if i >= samples/10 {
-			out = append(out, g.at.Sub(t0))
-		}
-		held, holder = g.h, waiter
-	}
-	_ = ops.release(cl[holder].nc, held)
-	return Summarize(out), nil
+	return info.NumWaiting, nil
 }
+
+func (s *protoSystem) WaitersPerClient() int { return 0 }
+
+func (s *protoSystem) Cleanup(ctx context.Context, _ string) { s.n.protoRemove(ctx, s.p) }
+
+func (s *protoSystem) Close() {}
+
+type protoClient struct {
+	s  *protoSystem
+	nc *nats.Conn
+}
+
+// Init makes the protocol's streams afresh with n tokens.
+func (c *protoClient) Init(ctx context.Context, name string, n, _ int) (Sem, error) {
+	if err := c.s.n.protoSetup(ctx, c.s.p, n); err != nil {
+		return nil, fmt.Errorf("%s protocol: %w", c.s.p, err)
+	}
+	return c.Open(ctx, name)
+}
+
+func (c *protoClient) Open(context.Context, string) (Sem, error) {
+	pl, err := newPuller(c.nc, protoStream(c.s.p))
+	if err != nil {
+		return nil, err
+	}
+	return &protoSem{c: c, pl: pl}, nil
+}
+
+func (c *protoClient) Close() error { c.nc.Close(); return nil }
+
+// protoSem waits in one pull at a time, as a natssem waiter does.
+type protoSem struct {
+	c  *protoClient
+	pl *protoPuller
+}
+
+var protoHolder = []byte(`{"h":"bench"}`)
+
+func (s *protoSem) Acquire(ctx context.Context) (Held, error) {
+	for {
+		m, err := s.pl.pull(ctx.Done())
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			return nil, ctx.Err()
+		}
+		h, err := s.c.s.ops.acquire(s.c.nc, m, protoHolder)
+		if errors.Is(err, errLost) {
+			s.c.s.conflicts.Add(1)
+			continue // a stale or duplicate delivery: wait for another
+		}
+		if err != nil {
+			return nil, err
+		}
+		return protoPermit{c: s.c, h: h}, nil
+	}
+}
+
+func (s *protoSem) Status(context.Context) (Census, error) {
+	return Census{}, errors.New("a protocol played without the library keeps no census")
+}
+
+func (s *protoSem) Close() error { return s.pl.sub.Unsubscribe() }
+
+type protoPermit struct {
+	c *protoClient
+	h protoHeld
+}
+
+func (p protoPermit) Release(context.Context) error { return p.c.s.ops.release(p.c.nc, p.h) }
+
+// Token gives the harness the slot, for the slot idle time.
+func (p protoPermit) Token() tokensem.Token { return tokensem.Token{Index: p.h.idx} }
 
 // natsProtocol returns the result of protocol p, adding it if new.
 func (s *SystemResult) natsProtocol(p string) *NATSProtocolResult {
@@ -312,52 +198,35 @@ var protoLabels = map[string][2]string{
 }
 
 // writeNATSProtocols writes the protocols' table: each played with plain
-// nats.go in the same run, beside natssem itself.
+// nats.go through the same scenarios in the same run, beside natssem.
 func writeNATSProtocols(w io.Writer, r *Report, ns *SystemResult) {
 	redis := r.system("redis-fast")
-	fmt.Fprintf(w, "NATS protocols without the library, in the same run (plain nats.go, %d workers on N=%d as above; "+
-		"handoffs as above; bench/natsproto.go):\n\n", r.Workers, r.Permits)
+	fmt.Fprintf(w, "NATS protocols without the library, played through the same contention and handoff scenarios on the same "+
+		"server right after natssem's (plain nats.go; bench/natsproto.go):\n\n")
 	header := []string{"protocol", "fenced", "contention throughput", "× redis 1–5 ms", "slot idle p50", "fairness max/min",
 		"handoff to an idle waiter p50", "to a running waiter p50"}
-	row := func(name, fenced string, thr float64, idle, h, hot string, fair float64) []string {
-		out := []string{name, fenced, "", "", idle, "", h, hot}
-		if thr > 0 {
-			out[2] = fmt.Sprintf("%s/s (%.0f%%)", thousands(thr), 100*thr/(float64(r.Permits)/r.Hold.Seconds()))
-			out[5] = fmt.Sprintf("%.2f", fair)
+	row := func(name, fenced string, c *ContentionResult, h, hot *HandoffResult) []string {
+		out := []string{name, fenced, "", "", "", "", "", ""}
+		if c != nil {
+			out[2] = fmt.Sprintf("%s/s (%.0f%%)", thousands(c.Throughput), c.Percent())
+			out[4], out[5] = fmtDur(c.Gap.P50), fmt.Sprintf("%.2f", c.Fair.MaxMin)
 			if redis != nil && redis.Contention != nil {
-				out[3] = fmt.Sprintf("%.2f×", thr/redis.Contention.Throughput)
+				out[3] = fmt.Sprintf("%.2f×", c.Throughput/redis.Contention.Throughput)
 			}
+		}
+		if h != nil {
+			out[6] = fmtDur(h.P50)
+		}
+		if hot != nil {
+			out[7] = fmtDur(hot.P50)
 		}
 		return out
 	}
-	sum := func(s *Summary) string {
-		if s == nil {
-			return ""
-		}
-		return fmtDur(s.P50)
-	}
 	var rows [][]string
 	for _, p := range ns.NATSProtocols {
-		var thr, fair float64
-		var idle string
-		if c := p.Contention; c != nil {
-			thr, fair, idle = c.Throughput, c.Fair.MaxMin, fmtDur(c.Gap.P50)
-		}
-		rows = append(rows, row(protoLabels[p.Protocol][0], protoLabels[p.Protocol][1], thr, idle,
-			sum(p.Handoff), sum(p.HandoffHot), fair))
+		rows = append(rows, row(protoLabels[p.Protocol][0], protoLabels[p.Protocol][1], p.Contention, p.Handoff, p.HandoffHot))
 	}
-	var thr, fair float64
-	var idle, h, hot string
-	if c := ns.Contention; c != nil {
-		thr, fair, idle = c.Throughput, c.Fair.MaxMin, fmtDur(c.Gap.P50)
-	}
-	if ns.Handoff != nil {
-		h = fmtDur(ns.Handoff.P50)
-	}
-	if ns.HandoffHot != nil {
-		hot = fmtDur(ns.HandoffHot.P50)
-	}
-	rows = append(rows, row("natssem (the library, above)", "yes", thr, idle, h, hot, fair))
+	rows = append(rows, row("natssem (the library, above)", "yes", ns.Contention, ns.Handoff, ns.HandoffHot))
 	writeTable(w, header, rows)
 }
 
@@ -365,7 +234,7 @@ func writeNATSProtocols(w io.Writer, r *Report, ns *SystemResult) {
 // the protocols reached in the same run, and whether the broker's own
 // handoff does.
 func protocolsVersusRedis(s *SystemResult, redis *ContentionResult) string {
-	get := func(p string) *NATSProtocolContention {
+	get := func(p string) *ContentionResult {
 		for _, r := range s.NATSProtocols {
 			if r.Protocol == p {
 				return r.Contention
@@ -377,7 +246,7 @@ func protocolsVersusRedis(s *SystemResult, redis *ContentionResult) string {
 	if q == nil || reg == nil || kv == nil {
 		return ""
 	}
-	ratio := func(c *NATSProtocolContention) string {
+	ratio := func(c *ContentionResult) string {
 		return fmt.Sprintf("%s/s = %.2f×", thousands(c.Throughput), c.Throughput/redis.Throughput)
 	}
 	verdict := "so no protocol that hands a token on through a JetStream consumer and fences it can reach 1.0× here: " +
