@@ -148,6 +148,31 @@ func TestNATSProtocolsVerdict(t *testing.T) {
 			t.Errorf("queue %v register %v: %s", tt.queue, tt.register, w)
 		}
 	}
+	// The running-waiter handoff target (4× the raw round trip, 33 µs here).
+	ns.HandoffHot = &HandoffResult{Summary: Summary{N: 10, P50: 200 * time.Microsecond}}
+	hot := func() string {
+		for _, tg := range Targets(r) {
+			if tg.System == "natssem" && strings.Contains(tg.Goal, "running waiter") {
+				return tg.Why
+			}
+		}
+		t.Fatal("no running-waiter target")
+		return ""
+	}
+	for _, tt := range []struct {
+		kv, register time.Duration
+		want         string
+	}{
+		{120 * time.Microsecond, 100 * time.Microsecond, "the gap is natssem's own"},
+		{150 * time.Microsecond, 120 * time.Microsecond, "only a protocol with one write per handoff"},
+		{150 * time.Microsecond, 140 * time.Microsecond, "no fenced protocol meets it"},
+	} {
+		ns.natsProtocol(protoKV).HandoffHot = &HandoffResult{Summary: Summary{N: 10, P50: tt.kv}}
+		ns.natsProtocol(protoRegister).HandoffHot = &HandoffResult{Summary: Summary{N: 10, P50: tt.register}}
+		if w := hot(); !strings.Contains(w, tt.want) {
+			t.Errorf("kv %v register %v: %s", tt.kv, tt.register, w)
+		}
+	}
 	var b strings.Builder
 	writeNATSProtocols(&b, r, ns)
 	if !strings.Contains(b.String(), "| natssem (the library, above) | yes | 2,400/s (60%) | 0.80× |") {

@@ -258,7 +258,7 @@ func addHandoffRatios(ts *[]Target, s *SystemResult, r *Report) {
 			if ratio > c.limit {
 				t.Status = Missed
 				t.Why = "a handoff is the releaser's compare-and-set, its Nak, the server's push to the waiting pull and the " +
-					"waiter's claim compare-and-set: at least three round trips in sequence" + protocolsHandoff(s, c.h == s.HandoffHot, c.raw.P50)
+					"waiter's claim compare-and-set: at least three round trips in sequence" + protocolsHandoff(s, c.h == s.HandoffHot, c.raw.P50, c.limit)
 			}
 		}
 		*ts = append(*ts, t)
