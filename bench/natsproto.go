@@ -42,10 +42,10 @@ import (
 //     read the register to decide, as natssem does today
 //     (docs/nats-handoff.md has the whole sketch).
 //
-// None plays leases, renewals or crashes: the contention loop needs none.
-// Every compare-and-set that loses is counted; in this loop none should.
+// None plays leases, renewals or crashes: the harness's loops need none.
+// Every compare-and-set that loses is counted; on one server none should.
 
-// Protocol names for natsProtocolContention.
+// Protocol names (natsprotorun.go plays them).
 const (
 	protoKV       = "kv"
 	protoRegister = "register"
@@ -136,22 +136,20 @@ func casPublish(nc *nats.Conn, subj, filter string, last uint64, body []byte) (u
 		return 0, err
 	}
 	var ack struct {
-		Seq   uint64 `json:"seq"`
-		Error *struct {
-			Code    int    `json:"err_code"`
-			Message string `json:"description"`
-		} `json:"error"`
+		Seq   uint64              `json:"seq"`
+		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(r.Data, &ack); err != nil {
 		return 0, err
 	}
-	if ack.Error != nil {
-		if ack.Error.Code == 10071 || ack.Error.Code == 10164 {
-			return 0, fmt.Errorf("%w: %s", errLost, ack.Error.Message)
-		}
-		return 0, errors.New(ack.Error.Message)
+	switch {
+	case ack.Error == nil:
+		return ack.Seq, nil
+	case ack.Error.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence,
+		ack.Error.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant: // a replicated stream's code
+		return 0, fmt.Errorf("%w: %w", errLost, ack.Error)
 	}
-	return ack.Seq, nil
+	return 0, ack.Error
 }
 
 // lastSeq reads the sequence of the last message on subj (a direct get).

@@ -126,13 +126,13 @@ func TestNATSProtocolsVerdict(t *testing.T) {
 			ns.natsProtocol(p).Contention = &ContentionResult{N: 4, Throughput: thr, Ceiling: 4000}
 		}
 	}
-	why := func() string {
+	whyOf := func(goal string) string {
 		for _, tg := range Targets(r) {
-			if tg.System == "natssem" && strings.Contains(tg.Goal, "Redis") {
+			if tg.System == "natssem" && strings.Contains(tg.Goal, goal) {
 				return tg.Why
 			}
 		}
-		t.Fatal("no target against Redis")
+		t.Fatalf("no natssem target about %q", goal)
 		return ""
 	}
 	for _, tt := range []struct {
@@ -144,21 +144,12 @@ func TestNATSProtocolsVerdict(t *testing.T) {
 		{3300, 3100, 2500, "the gap is natssem's protocol"},
 	} {
 		set(tt.queue, tt.register, tt.kv)
-		if w := why(); !strings.Contains(w, tt.want) || !strings.Contains(w, "natssem's protocol 2,500/s = 0.83×") {
+		if w := whyOf("Redis"); !strings.Contains(w, tt.want) || !strings.Contains(w, "natssem's protocol 2,500/s = 0.83×") {
 			t.Errorf("queue %v register %v: %s", tt.queue, tt.register, w)
 		}
 	}
 	// The running-waiter handoff target (4× the raw round trip, 33 µs here).
 	ns.HandoffHot = &HandoffResult{Summary: Summary{N: 10, P50: 200 * time.Microsecond}}
-	hot := func() string {
-		for _, tg := range Targets(r) {
-			if tg.System == "natssem" && strings.Contains(tg.Goal, "running waiter") {
-				return tg.Why
-			}
-		}
-		t.Fatal("no running-waiter target")
-		return ""
-	}
 	for _, tt := range []struct {
 		kv, register time.Duration
 		want         string
@@ -169,7 +160,7 @@ func TestNATSProtocolsVerdict(t *testing.T) {
 	} {
 		ns.natsProtocol(protoKV).HandoffHot = &HandoffResult{Summary: Summary{N: 10, P50: tt.kv}}
 		ns.natsProtocol(protoRegister).HandoffHot = &HandoffResult{Summary: Summary{N: 10, P50: tt.register}}
-		if w := hot(); !strings.Contains(w, tt.want) {
+		if w := whyOf("running waiter"); !strings.Contains(w, tt.want) {
 			t.Errorf("kv %v register %v: %s", tt.kv, tt.register, w)
 		}
 	}

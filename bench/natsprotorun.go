@@ -93,15 +93,7 @@ func (s *protoSystem) Connect(context.Context) (Client, error) {
 // Waiting counts the pulls waiting at the protocol's consumer (there is one
 // semaphore per protocol: name does not matter).
 func (s *protoSystem) Waiting(ctx context.Context, _ string) (int, error) {
-	c, err := s.n.js.Consumer(ctx, protoStream(s.p), "holders")
-	if err != nil {
-		return 0, err
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.NumWaiting, nil
+	return pullsWaiting(ctx, s.n.js, protoStream(s.p), "holders")
 }
 
 func (s *protoSystem) WaitersPerClient() int { return 0 }

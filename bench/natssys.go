@@ -95,7 +95,12 @@ func (n *natsSystem) Waiting(ctx context.Context, name string) (int, error) {
 	if n.group != "" {
 		stream, consumer = natssem.GroupStreamName(n.group), "holders_"+name
 	}
-	c, err := n.js.Consumer(ctx, stream, consumer)
+	return pullsWaiting(ctx, n.js, stream, consumer)
+}
+
+// pullsWaiting is how many pulls consumer counts waiting.
+func pullsWaiting(ctx context.Context, js jetstream.JetStream, stream, consumer string) (int, error) {
+	c, err := js.Consumer(ctx, stream, consumer)
 	if err != nil {
 		return 0, err
 	}
