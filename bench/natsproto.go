@@ -64,8 +64,20 @@ func protoStream(p string) string {
 }
 
 // protoSetup makes the streams (and bucket) of protocol p afresh, with
-// permits tokens.
+// permits tokens. A stream made again right after its deletion can be
+// refused for a moment ("error creating store for stream", on a busy
+// machine), so the whole setup is tried again for up to 5 s.
 func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) error {
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		err := n.protoSetupOnce(ctx, p, permits)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (n *natsSystem) protoSetupOnce(ctx context.Context, p string, permits int) error {
 	js, r := n.js, max(n.replicas, 1)
 	n.protoRemove(ctx, p)
 	switch p {
@@ -87,7 +99,7 @@ func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) erro
 				return err
 			}
 		}
-		return nil
+		return n.reachable(ctx, map[string]string{"protokv.tok": "protokv.tok", "$KV.proto_kv.probe": "$KV.proto_kv.probe"}, "KV_proto_kv")
 	case protoRegister:
 		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_REG", Subjects: []string{"proto.*.*"},
 			MaxMsgsPerSubject: 1, Storage: jetstream.FileStorage, AllowDirect: true, Replicas: r})
@@ -103,9 +115,57 @@ func (n *natsSystem) protoSetup(ctx context.Context, p string, permits int) erro
 				return err
 			}
 		}
-		return nil
+		return n.reachable(ctx, map[string]string{regSubject(0, "probe"): regSubject(0, "*")}, "")
 	}
 	return fmt.Errorf("no protocol %q", p)
+}
+
+// reachable waits, on a cluster, until every node forwards a write to each
+// subject (keyed) of a stream just made, and answers a direct get of
+// stream direct (if not empty): a new stream reaches the other nodes a
+// moment after it is made, which answer "no responders" meanwhile. The
+// probe writes cannot land (they expect a sequence no stream has).
+func (n *natsSystem) reachable(ctx context.Context, subjects map[string]string, direct string) error {
+	if n.cluster == nil {
+		return nil
+	}
+	for i := range n.cluster.Size() {
+		nc, err := nats.Connect("nats://" + n.cluster.Addr(i))
+		if err != nil {
+			return err
+		}
+		err = writable(ctx, nc, subjects)
+		for deadline := time.Now().Add(10 * time.Second); err == nil && direct != ""; {
+			if _, err = lastSeq(nc, direct, "probe"); err == nil || time.Now().After(deadline) {
+				break
+			}
+			err = nil
+			time.Sleep(10 * time.Millisecond)
+		}
+		nc.Close()
+		if err != nil {
+			return fmt.Errorf("node %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// writable waits until nc's server forwards a write to each subject (keyed)
+// conditional on filter (valued), for up to 10 s.
+func writable(ctx context.Context, nc *nats.Conn, subjects map[string]string) error {
+	for subj, filter := range subjects {
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			_, err := casPublish(nc, subj, filter, 1<<40, nil)
+			if errors.Is(err, errLost) {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("%s never took a write: %w", subj, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // protoRemove removes what protoSetup made for p, best effort.
@@ -123,8 +183,25 @@ func regSubject(i int, kind string) string { return "proto." + strconv.Itoa(i) +
 var errLost = errors.New("compare-and-set lost")
 
 // casPublish publishes body on subj only if the last message on filter has
-// sequence last (0: none), and returns the new message's sequence.
+// sequence last (0: none), and returns the new message's sequence. A
+// replicated stream refuses a write while another to the same filter is
+// being proposed, with 10164 and no sequence, whether or not that other
+// write will land; such a refusal is asked again (0.2 ms doubling, five
+// times), so that errLost means another write did land.
 func casPublish(nc *nats.Conn, subj, filter string, last uint64, body []byte) (uint64, error) {
+	pause := 200 * time.Microsecond
+	for try := 0; ; try++ {
+		seq, busy, err := casPublishOnce(nc, subj, filter, last, body)
+		if !busy || try == 5 {
+			return seq, err
+		}
+		time.Sleep(pause)
+		pause *= 2
+	}
+}
+
+// casPublishOnce is one try of casPublish; busy reports a 10164.
+func casPublishOnce(nc *nats.Conn, subj, filter string, last uint64, body []byte) (seq uint64, busy bool, err error) {
 	m := nats.NewMsg(subj)
 	m.Data = body
 	m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(last, 10))
@@ -133,23 +210,24 @@ func casPublish(nc *nats.Conn, subj, filter string, last uint64, body []byte) (u
 	}
 	r, err := nc.RequestMsg(m, 5*time.Second)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	var ack struct {
 		Seq   uint64              `json:"seq"`
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(r.Data, &ack); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	switch {
 	case ack.Error == nil:
-		return ack.Seq, nil
-	case ack.Error.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence,
-		ack.Error.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant: // a replicated stream's code
-		return 0, fmt.Errorf("%w: %w", errLost, ack.Error)
+		return ack.Seq, false, nil
+	case ack.Error.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence:
+		return 0, false, fmt.Errorf("%w: %w", errLost, ack.Error)
+	case ack.Error.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+		return 0, true, fmt.Errorf("%w: %w", errLost, ack.Error)
 	}
-	return 0, ack.Error
+	return 0, false, ack.Error
 }
 
 // lastSeq reads the sequence of the last message on subj (a direct get).
@@ -284,12 +362,47 @@ func registerAcquire(nc *nats.Conn, m *nats.Msg, holder []byte) (protoHeld, erro
 		return protoHeld{}, err
 	}
 	claim, err := casPublish(nc, regSubject(idx, "held"), regSubject(idx, "*"), meta.Sequence.Stream, holder)
+	if errors.Is(err, errLost) {
+		// A stale or duplicate delivery, whose token is not the last word
+		// (ack it away), unless the stream's leader says it still is (a
+		// refusal while another write was in flight): then hand it on.
+		if last, lerr := lastSeqLeader(nc, "PROTO_REG", regSubject(idx, "*")); lerr == nil && last != meta.Sequence.Stream {
+			_ = m.Ack()
+		} else {
+			_ = m.Nak()
+		}
+	}
 	if err != nil {
-		// A stale or duplicate delivery: its token is not the last word.
-		_ = m.Ack()
 		return protoHeld{idx: idx}, err
 	}
 	return protoHeld{m: m, idx: idx, claim: claim}, nil
+}
+
+// lastSeqLeader reads the sequence of the last message on subj from the
+// stream's leader (a direct get may come from a replica behind).
+func lastSeqLeader(nc *nats.Conn, stream, subj string) (uint64, error) {
+	r, err := nc.Request("$JS.API.STREAM.MSG.GET."+stream, []byte(`{"last_by_subj":"`+subj+`"}`), 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	var resp struct {
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(r.Data, &resp); err != nil {
+		return 0, err
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return 0, nil
+	case resp.Error != nil:
+		return 0, resp.Error
+	case resp.Message == nil:
+		return 0, errors.New("message get: no message")
+	}
+	return resp.Message.Seq, nil
 }
 
 // registerRelease publishes the next token at the claim's sequence, then

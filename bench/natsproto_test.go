@@ -76,15 +76,36 @@ func TestNATSProtocolsOnCluster(t *testing.T) {
 		defer nc.Close()
 		conns = append(conns, nc)
 	}
+	for i, nc := range conns {
+		if err := writable(t.Context(), nc, map[string]string{"cas.0.probe": "cas.0.*"}); err != nil {
+			t.Fatalf("node %d: %v", i, err)
+		}
+	}
 	last, err := casPublish(conns[0], "cas.0.tok", "cas.0.*", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for round := range 20 {
+	stream, err := n.js.Stream(t.Context(), "CAS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rounds of 9 writers expecting the same last sequence: never more than
+	// one may win. A round may have none (a stream leader that has not
+	// applied the last write yet answers "wrong last sequence" to all),
+	// but then nothing may have landed.
+	if m, err := stream.GetLastMsgForSubject(t.Context(), "cas.0.*"); err != nil || m.Sequence != last {
+		t.Fatalf("last message on cas.0.*: %v, %v; want sequence %d", m, err, last)
+	}
+	empty := 0
+	for won, round := 0, 0; won < 20; round++ {
+		if round >= 60 {
+			t.Fatalf("only %d of %d rounds had a winner", won, round)
+		}
 		var (
 			wg   sync.WaitGroup
 			mu   sync.Mutex
 			wins []uint64
+			lost []string
 		)
 		for w := range 9 {
 			wg.Go(func() {
@@ -94,16 +115,35 @@ func TestNATSProtocolsOnCluster(t *testing.T) {
 				switch {
 				case err == nil:
 					wins = append(wins, seq)
-				case !errors.Is(err, errLost):
+				case errors.Is(err, errLost):
+					lost = append(lost, err.Error())
+				default:
 					t.Errorf("round %d: %v", round, err)
 				}
 			})
 		}
 		wg.Wait()
-		if len(wins) != 1 {
+		switch len(wins) {
+		case 1:
+			last = wins[0]
+			won++
+			continue
+		case 0:
+		default:
 			t.Fatalf("round %d: %d writes won at sequence %d", round, len(wins), last)
 		}
-		last = wins[0]
+		m, err := stream.GetLastMsgForSubject(t.Context(), "cas.0.*") // from the leader
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Sequence != last {
+			t.Fatalf("round %d: every write was told it lost, but the last sequence moved from %d to %d", round, last, m.Sequence)
+		}
+		empty++
+		t.Logf("round %d: no winner at sequence %d; losers: %v", round, last, lost)
+	}
+	if empty > 0 {
+		t.Logf("%d rounds without a winner", empty)
 	}
 	playBriefly(t, n)
 }

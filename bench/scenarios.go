@@ -79,15 +79,15 @@ func (c *ContentionResult) Percent() float64 { return 100 * c.Throughput / c.Cei
 // semaphore; it is nil when err is not.
 func openWorkers(ctx context.Context, sys System, name string, workers, n int, warm func(int, Sem) (Held, error)) (sems []Sem, done func(), err error) {
 	var closers []func()
-	done = func() {
+	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
 	}
 	defer func() {
+		// The return statement has set done already (nil on an error).
 		if err != nil {
-			done()
-			done = nil
+			closeAll()
 		}
 	}()
 	cl, err := sys.Connect(ctx)
@@ -119,7 +119,7 @@ func openWorkers(ctx context.Context, sys System, name string, workers, n int, w
 			return nil, nil, err
 		}
 	}
-	return sems, done, nil
+	return sems, closeAll, nil
 }
 
 // runContention runs workers, each on a connection of its own, against one
