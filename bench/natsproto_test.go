@@ -90,9 +90,11 @@ func TestNATSProtocolsOnCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Rounds of 9 writers expecting the same last sequence: never more than
-	// one may win. A round may have none (a stream leader that has not
-	// applied the last write yet answers "wrong last sequence" to all),
-	// but then nothing may have landed.
+	// one may win. A round may have none: a replicated stream refuses a
+	// write with 10164 while it counts another to the filter in process,
+	// which casPublish asks again but not for ever (before it did, one
+	// round in 16 loaded runs had every writer refused so); then nothing
+	// may have landed.
 	if m, err := stream.GetLastMsgForSubject(t.Context(), "cas.0.*"); err != nil || m.Sequence != last {
 		t.Fatalf("last message on cas.0.*: %v, %v; want sequence %d", m, err, last)
 	}
