@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 )
 
 // ErrConflict is returned by Inventory.Issue when the slot changed since
@@ -158,13 +159,30 @@ func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 		}
 	}
 	r.Repair = time.Since(t1)
-	after, err := inv.Census(ctx)
-	if err != nil {
-		return r, err
+	// A replicated broker may answer the census from a replica that has
+	// not applied the repair yet (natssem reads tokens with direct gets,
+	// which any replica serves: docs/nats-cluster-facts.md), so a repair
+	// that leaves the census unhealthy is counted again a few times, for up
+	// to about half a second, before the report says so.
+	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 160 * time.Millisecond}
+	for try := 0; ; try++ {
+		after, err := inv.Census(ctx)
+		if err != nil {
+			return r, err
+		}
+		r.Healthy = Analyze(after).Healthy(after)
+		if r.Healthy || try == afterRepairRecounts || r.Removed+r.Issued == 0 {
+			return r, nil
+		}
+		if err := pause.Wait(ctx, nil); err != nil {
+			return r, err
+		}
 	}
-	r.Healthy = Analyze(after).Healthy(after)
-	return r, nil
 }
+
+// afterRepairRecounts bounds how many times run counts again a census that
+// a repair left unhealthy.
+const afterRepairRecounts = 4
 
 // surplus returns the copies of one slot to remove: all but the held one,
 // or all but the first when none is held; all of them when the slot's held
