@@ -55,12 +55,20 @@ const (
 // natsProtocols are played in this order (report and log).
 var natsProtocols = []string{protoQueue, protoRegister, protoKV}
 
+// The streams and bucket the protocols use: kv and queue share the
+// work-queue stream and the bucket, register has a stream of its own.
+const (
+	kvStream  = "PROTO_KV"
+	kvBucket  = "proto_kv"
+	regStream = "PROTO_REG"
+)
+
 // protoStream is the token stream of protocol p.
 func protoStream(p string) string {
 	if p == protoRegister {
-		return "PROTO_REG"
+		return regStream
 	}
-	return "PROTO_KV"
+	return kvStream
 }
 
 // protoSetup makes the streams (and bucket) of protocol p afresh, with
@@ -82,10 +90,10 @@ func (n *natsSystem) protoSetupOnce(ctx context.Context, p string, permits int) 
 	n.protoRemove(ctx, p)
 	switch p {
 	case protoKV, protoQueue:
-		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "proto_kv", History: 1, Storage: jetstream.FileStorage, Replicas: r}); err != nil {
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: kvBucket, History: 1, Storage: jetstream.FileStorage, Replicas: r}); err != nil {
 			return err
 		}
-		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_KV", Subjects: []string{"protokv.tok"},
+		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: kvStream, Subjects: []string{"protokv.tok"},
 			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: r})
 		if err != nil {
 			return err
@@ -99,9 +107,9 @@ func (n *natsSystem) protoSetupOnce(ctx context.Context, p string, permits int) 
 				return err
 			}
 		}
-		return n.reachable(ctx, map[string]string{"protokv.tok": "protokv.tok", "$KV.proto_kv.probe": "$KV.proto_kv.probe"}, "KV_proto_kv")
+		return n.reachable(ctx, map[string]string{"protokv.tok": "protokv.tok", kvSubject("probe"): kvSubject("probe")}, "KV_"+kvBucket)
 	case protoRegister:
-		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROTO_REG", Subjects: []string{"proto.*.*"},
+		s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: regStream, Subjects: []string{"proto.*.*"},
 			MaxMsgsPerSubject: 1, Storage: jetstream.FileStorage, AllowDirect: true, Replicas: r})
 		if err != nil {
 			return err
@@ -173,7 +181,7 @@ func (n *natsSystem) protoRemove(ctx context.Context, p string) {
 	ctx = context.WithoutCancel(ctx)
 	_ = n.js.DeleteStream(ctx, protoStream(p))
 	if p != protoRegister {
-		_ = n.js.DeleteKeyValue(ctx, "proto_kv")
+		_ = n.js.DeleteKeyValue(ctx, kvBucket)
 	}
 }
 
@@ -324,7 +332,7 @@ func kvAcquire(nc *nats.Conn, m *nats.Msg, holder []byte) (protoHeld, error) {
 		return protoHeld{}, err
 	}
 	key := kvSlotKey(idx)
-	rev, err := lastSeq(nc, "KV_proto_kv", key)
+	rev, err := lastSeq(nc, "KV_"+kvBucket, key)
 	if err != nil {
 		return protoHeld{idx: idx}, err
 	}
@@ -345,7 +353,10 @@ func kvRelease(nc *nats.Conn, h protoHeld) error {
 	return h.m.Nak()
 }
 
-func kvSlotKey(idx int) string { return "$KV.proto_kv.slot." + strconv.Itoa(idx) }
+func kvSlotKey(idx int) string { return kvSubject("slot." + strconv.Itoa(idx)) }
+
+// kvSubject is the subject of key k of the protocols' bucket.
+func kvSubject(k string) string { return "$KV." + kvBucket + "." + k }
 
 // registerAcquire claims the slot at the token's own sequence.
 func registerAcquire(nc *nats.Conn, m *nats.Msg, holder []byte) (protoHeld, error) {
@@ -366,7 +377,7 @@ func registerAcquire(nc *nats.Conn, m *nats.Msg, holder []byte) (protoHeld, erro
 		// A stale or duplicate delivery, whose token is not the last word
 		// (ack it away), unless the stream's leader says it still is (a
 		// refusal while another write was in flight): then hand it on.
-		if last, lerr := lastSeqLeader(nc, "PROTO_REG", regSubject(idx, "*")); lerr == nil && last != meta.Sequence.Stream {
+		if last, lerr := lastSeqLeader(nc, regStream, regSubject(idx, "*")); lerr == nil && last != meta.Sequence.Stream {
 			_ = m.Ack()
 		} else {
 			_ = m.Nak()

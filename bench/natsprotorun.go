@@ -182,11 +182,16 @@ func (s *SystemResult) natsProtocol(p string) *NATSProtocolResult {
 	return r
 }
 
-// protoLabels say what each protocol's handoff is, for the report.
-var protoLabels = map[string][2]string{
-	protoQueue:    {"work queue alone: Nak, push (no semaphore: a stale Nak or Ack acts on another's token)", "no"},
-	protoRegister: {"register: release publishes the next token by compare-and-set, push, claim by compare-and-set at the token's sequence", "yes"},
-	protoKV:       {"natssem's: release compare-and-set, Nak, push, read, claim compare-and-set", "yes"},
+// protoText is how the report names a protocol: in its table (what its
+// handoff is, and whether it is fenced) and in a sentence.
+type protoText struct{ row, fenced, name string }
+
+var protoTexts = map[string]protoText{
+	protoQueue: {"work queue alone: Nak, push (no semaphore: a stale Nak or Ack acts on another's token)", "no",
+		"the work queue alone (no semaphore)"},
+	protoRegister: {"register: release publishes the next token by compare-and-set, push, claim by compare-and-set at the token's sequence", "yes",
+		"the register protocol"},
+	protoKV: {"natssem's: release compare-and-set, Nak, push, read, claim compare-and-set", "yes", "natssem's protocol"},
 }
 
 // writeNATSProtocols writes the protocols' table: each played with plain
@@ -216,7 +221,7 @@ func writeNATSProtocols(w io.Writer, r *Report, ns *SystemResult) {
 	}
 	var rows [][]string
 	for _, p := range ns.NATSProtocols {
-		rows = append(rows, row(protoLabels[p.Protocol][0], protoLabels[p.Protocol][1], p.Contention, p.Handoff, p.HandoffHot))
+		rows = append(rows, row(protoTexts[p.Protocol].row, protoTexts[p.Protocol].fenced, p.Contention, p.Handoff, p.HandoffHot))
 	}
 	rows = append(rows, row("natssem (the library, above)", "yes", ns.Contention, ns.Handoff, ns.HandoffHot))
 	writeTable(w, header, rows)
@@ -267,10 +272,8 @@ func protocolsHandoff(s *SystemResult, hot bool, raw time.Duration, limit float6
 		if h == nil {
 			continue
 		}
-		name := map[string]string{protoQueue: "the work queue alone (no semaphore)", protoRegister: "the register protocol",
-			protoKV: "natssem's protocol"}[r.Protocol]
 		ratios[r.Protocol] = float64(h.P50) / float64(raw)
-		parts = append(parts, fmt.Sprintf("%s %s (%.1f×)", name, fmtDur(h.P50), ratios[r.Protocol]))
+		parts = append(parts, fmt.Sprintf("%s %s (%.1f×)", protoTexts[r.Protocol].name, fmtDur(h.P50), ratios[r.Protocol]))
 	}
 	if len(parts) == 0 {
 		return ""

@@ -296,11 +296,7 @@ func TestClusterRepairCountsItsOwnRemoval(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	s, err := natssem.Open(ctx, connectCluster(t, 2), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openOn(ctx, t, 2, name)
 	js, err := jetstream.New(connectCluster(t, 1))
 	if err != nil {
 		t.Fatal(err)
