@@ -15,6 +15,9 @@ type Cache[C any] struct {
 	mu sync.Mutex
 	v  C
 	at time.Time
+	// reading is closed when the read Prefetch started ends; nil when none
+	// is under way.
+	reading chan struct{}
 }
 
 // Set stores v, read now.
@@ -43,13 +46,62 @@ func (c *Cache[C]) Refresh(ctx context.Context, read func(context.Context) (C, e
 }
 
 // Fresh returns the stored value if it is younger than ttl, else
-// refreshes it.
+// refreshes it. A read Prefetch started is awaited first (bounded by ctx)
+// rather than doubled; if what it stored is still not fresh enough, or it
+// failed, Fresh reads.
 func (c *Cache[C]) Fresh(ctx context.Context, ttl time.Duration, read func(context.Context) (C, error)) (C, error) {
 	c.mu.Lock()
-	v, at := c.v, c.at
+	v, at, reading := c.v, c.at, c.reading
 	c.mu.Unlock()
 	if time.Since(at) < ttl {
 		return v, nil
 	}
+	if reading != nil {
+		select {
+		case <-reading:
+		case <-ctx.Done():
+			var zero C
+			return zero, ctx.Err()
+		}
+		c.mu.Lock()
+		v, at = c.v, c.at
+		c.mu.Unlock()
+		if time.Since(at) < ttl {
+			return v, nil
+		}
+	}
 	return c.Refresh(ctx, read)
+}
+
+// Prefetch starts reading the value in the background when Fresh would
+// read it now (it is ttl old or more) and no prefetch is under way, so
+// that the read overlaps whatever the caller does before it needs the
+// value (an Acquire: its pull). The value keeps the time its read ended,
+// so Fresh's TTL holds exactly as without a prefetch. stop cancels the
+// read if it is still running and waits for its goroutine; call it before
+// returning. Without a read to start, stop does nothing.
+func (c *Cache[C]) Prefetch(ctx context.Context, ttl time.Duration, read func(context.Context) (C, error)) (stop func()) {
+	c.mu.Lock()
+	if c.reading != nil || time.Since(c.at) < ttl {
+		c.mu.Unlock()
+		return func() {}
+	}
+	reading := make(chan struct{})
+	c.reading = reading
+	c.mu.Unlock()
+	rctx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer close(reading)
+		v, err := read(rctx)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err == nil {
+			c.v, c.at = v, time.Now()
+		}
+		c.reading = nil
+	}()
+	return func() {
+		cancel()
+		<-reading
+	}
 }

@@ -1,0 +1,60 @@
+package natssem
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem"
+)
+
+// A client whose configuration is older than configTTL admits a token by
+// a fresh read of it: the read starts beside the pull (Cache.Prefetch) and
+// the admission waits for it. Here another client shrinks the semaphore
+// from 2 permits to 1 while this one sits idle with its count of 2, then
+// the retired slot's token turns up again (as a token on its way to a
+// waiter when the shrink removed the ready ones would): by its cached
+// count this client would admit it and hold two permits.
+func TestIdleClientAdmitsByTheNewCount(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	const name = "stale-admit"
+	a, err := Init(ctx, dial(t, srv), name, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(ctx, dial(t, srv), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := a.Resize(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(configTTL + 100*time.Millisecond)
+	if got := b.Permits(); got != 2 {
+		t.Fatalf("the idle client already counts %d permits; the test needs its stale count of 2", got)
+	}
+	retired, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.Publish(ctx, b.lay.subject, retired); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Release(ctx) }()
+	if q, err := b.TryAcquire(ctx); !errors.Is(err, tokensem.ErrNoPermit) {
+		if err == nil {
+			_ = q.Release(ctx)
+		}
+		t.Fatalf("a second permit after a shrink to 1: TryAcquire = %v, want ErrNoPermit", err)
+	}
+	if got := b.Permits(); got != 1 {
+		t.Fatalf("the client counts %d permits after admitting, want 1", got)
+	}
+}
