@@ -58,6 +58,9 @@ type SystemResult struct {
 
 	Cycle      *CycleResult
 	Contention *ContentionResult
+	// PerKey is natssem's per-key layout played with plain nats.go beside
+	// the sems scenario (natsperkey.go).
+	PerKey *PerKeyFloor
 	// AMQPProtocol (amqpsem) is the contention scenario played with plain
 	// amqp091 and the same broker operations, right after amqpsem's.
 	AMQPProtocol *AMQPProtocolContention
@@ -470,6 +473,13 @@ func writeScale(w io.Writer, r *Report) {
 			}
 			return fmtDur(s.Sems.Cycle.P50) + " / " + fmtDur(s.Sems.Cycle.P99), true
 		}),
+		row("… the same keys on plain JetStream (no natssem): create p50; cycle p50, × a lone key's", "sems", func(s *SystemResult) (string, bool) {
+			if s.PerKey == nil {
+				return "", false
+			}
+			f := s.PerKey
+			return fmt.Sprintf("%s; %s, %.1f× (%s)", fmtDur(f.Create.P50), fmtDur(f.Cycle.P50), f.Ratio(), fmtDur(f.Lone.P50)), true
+		}),
 		row("waiters on one semaphore (client connections)", "waiters", func(s *SystemResult) (string, bool) {
 			if s.Waiters == nil {
 				return "", false
@@ -576,7 +586,11 @@ func writeNotes(w io.Writer, r *Report) {
 			"a releaser that asks again at once usually wins its own permit back.",
 		"**Many semaphores**: that many semaphores of N permits created on one broker (4 Inits at a time; RabbitMQ clients " +
 			"spread over connections of at most 1,000 semaphores, below its default channel_max of 2,047), then two rounds of one " +
-			"acquire+release on each while all are open, then all deleted.",
+			"acquire+release on each while all are open, then all deleted. For natssem the same number of keys is then laid out " +
+			"with plain nats.go as a group lays them out (one stream kept by limits, a consumer filtered on each key's subject, a " +
+			"record per key in one KV bucket): a key's create is its consumer, its N tokens and its record (4 at a time), its cycle a " +
+			"one-message pull, two compare-and-sets and a Nak, timed on one key over and over and then once on each key in turn " +
+			"(the second round): JetStream's own cost per key, with nothing of natssem's.",
 		"**Waiters**: all N permits are held; the waiters call Acquire, on one client connection (RabbitMQ: one connection per " +
 			"1,000 waiters, each waiter being a channel); once the broker counts them all waiting, the heap (runtime.MemStats.HeapAlloc " +
 			"after two GCs) and goroutine stacks (StackInuse) are compared with before they started and divided by the number of waiters; " +

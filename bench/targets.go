@@ -295,6 +295,10 @@ func addManySems(ts *[]Target, s *SystemResult) {
 				"requests and N + 2 writes, run 4 at a time here, and every consumer rewrites its state file as keys take turns " +
 				"(docs/per-key-costs.md has the profiles)"
 		}
+		if f := s.PerKey; f != nil {
+			t.Why += fmt.Sprintf("; the same keys on plain JetStream in this run: create p50 %s (a consumer, N tokens and a "+
+				"record), cycle %s = %.1f× a lone key's %s", fmtDur(f.Create.P50), fmtDur(f.Cycle.P50), f.Ratio(), fmtDur(f.Lone.P50))
+		}
 	}
 	*ts = append(*ts, t)
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
+	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -233,4 +236,126 @@ func BenchmarkGroupKey(b *testing.B) {
 	}
 	b.ReportMetric(float64(inits.Microseconds())/float64(i), "init-µs/op")
 	b.ReportMetric(float64(dels.Microseconds())/float64(i), "delete-µs/op")
+}
+
+var netDelay = flag.Duration("netdelay", 100*time.Microsecond, "BenchmarkIdleCycle: one-way delay between client and server")
+
+// BenchmarkIdleCycle is an acquire+release on a semaphore idle for longer
+// than the configuration's TTL (2 s; per-key semaphores mostly are), its
+// client connected through a proxy that delays every byte by -netdelay
+// each way, as a network would. It reports the median of those cycles and
+// of cycles back to back on one semaphore. Ten semaphores take turns, so
+// each sample waits 210 ms: -benchtime 60x takes about 15 s.
+func BenchmarkIdleCycle(b *testing.B) {
+	ctx := context.Background()
+	nc := connect(b, delayProxy(b, srv.Addr().String(), *netDelay))
+	sems := make([]*natssem.Semaphore, 10)
+	for i := range sems {
+		s, err := natssem.Init(ctx, nc, fmt.Sprintf("bench-idle-%d", i), 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		sems[i] = s
+	}
+	cycle := func(s *natssem.Semaphore) time.Duration {
+		t0 := time.Now()
+		p, err := s.Acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0)
+	}
+	hot := make([]time.Duration, 200)
+	for i := range hot {
+		hot[i] = cycle(sems[0])
+	}
+	var idle []time.Duration
+	gap := 2100 * time.Millisecond / time.Duration(len(sems))
+	time.Sleep(2100 * time.Millisecond)
+	i := 0
+	for b.Loop() {
+		time.Sleep(gap)
+		idle = append(idle, cycle(sems[i%len(sems)]))
+		i++
+	}
+	slices.Sort(hot)
+	slices.Sort(idle)
+	b.ReportMetric(float64(idle[len(idle)/2].Microseconds()), "idle-cycle-p50-µs")
+	b.ReportMetric(float64(hot[len(hot)/2].Microseconds()), "hot-cycle-p50-µs")
+}
+
+// delayProxy forwards connections on a loopback port to target, each chunk
+// of bytes delivered delay after it was read, in order. Short waits spin
+// (yielding): a timer's resolution on a virtual machine is coarser than
+// the delays worth simulating.
+func delayProxy(b *testing.B, target string, delay time.Duration) string {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	b.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	type chunk struct {
+		due  time.Time
+		data []byte
+	}
+	pipe := func(dst, src net.Conn) {
+		q := make(chan chunk, 1024)
+		wg.Go(func() {
+			for c := range q {
+				for time.Until(c.due) > 0 {
+					runtime.Gosched()
+				}
+				if _, err := dst.Write(c.data); err != nil {
+					break
+				}
+			}
+			dst.Close()
+		})
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				q <- chunk{time.Now().Add(delay), slices.Clone(buf[:n])}
+			}
+			if err != nil {
+				close(q)
+				return
+			}
+		}
+	}
+	wg.Go(func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, client, server)
+			mu.Unlock()
+			wg.Go(func() { pipe(server, client) })
+			wg.Go(func() { pipe(client, server) })
+		}
+	})
+	return ln.Addr().String()
 }
