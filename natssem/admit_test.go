@@ -2,6 +2,7 @@ package natssem
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -56,5 +57,53 @@ func TestIdleClientAdmitsByTheNewCount(t *testing.T) {
 	}
 	if got := b.Permits(); got != 1 {
 		t.Fatalf("the client counts %d permits after admitting, want 1", got)
+	}
+}
+
+// Semaphores made and closed on a long-lived connection (per-key
+// semaphores that come and go: semgroup's idle expiry) leave no
+// subscription behind: Init's asynchronous token publishes used to keep a
+// reply subscription, a status listener and a goroutine per semaphore
+// until the connection closed.
+func TestClosedSemaphoresLeaveNoSubscriptions(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	nc := dial(t, srv)
+	// The connection's first request subscribes its shared reply inbox,
+	// once for the connection's life.
+	_, _ = nc.Request("leak.warm-up", nil, time.Second)
+	base := nc.NumSubscriptions()
+	for i := range 5 {
+		for _, opts := range [][]Option{nil, {WithGroup("leak")}} {
+			s, err := Init(ctx, nc, "leak-"+strconv.Itoa(i), 2, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := s.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			q, err := s.TryAcquire(ctx) // waits for the release's confirmation
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := q.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A closed waiter drains its inbox, which ends after a round trip.
+	deadline := time.Now().Add(5 * time.Second)
+	for nc.NumSubscriptions() != base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := nc.NumSubscriptions(); n != base {
+		t.Fatalf("%d subscriptions on the connection after 10 semaphores were made and closed, %d before", n, base)
 	}
 }

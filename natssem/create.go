@@ -306,6 +306,11 @@ func (s *Semaphore) dropConfig(ctx context.Context, rev uint64) {
 // seed publishes the tokens of cfg's epoch, deduplicated by message ID, then
 // marks the configuration ready.
 func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, error) {
+	// PublishAsync gives the JetStream context a reply subscription, a
+	// status listener and a goroutine, kept until CleanupPublisher (not by
+	// the connection's or the Semaphore's end): without this, every Init
+	// that seeded left them behind for the connection's lifetime.
+	defer s.js.CleanupPublisher()
 	const batch = 1000
 	for lo := 0; lo < cfg.Permits; lo += batch {
 		var acks []jetstream.PubAckFuture
