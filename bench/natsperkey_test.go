@@ -35,3 +35,26 @@ func TestPerKeyFloor(t *testing.T) {
 		t.Errorf("the per-key bucket outlived the measurement: %v", err)
 	}
 }
+
+// TestManySemsServerCost: with the server in the harness's process, the
+// sems scenario charges it what the semaphores left on it.
+func TestManySemsServerCost(t *testing.T) {
+	n, err := startNATS(t.Context(), "", "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	r, err := runManySems(t.Context(), n, "cost", 30, 2, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := r.Server
+	if c == nil {
+		t.Fatal("no server cost for an embedded server")
+	}
+	// Each semaphore is at least a stream, a bucket and a consumer, each
+	// with goroutines and state of its own on the server.
+	if c.HeapPerSem <= 0 || c.StackPerSem <= 0 || c.Goroutines < 30 {
+		t.Fatalf("server cost of 30 semaphores: %+v", *c)
+	}
+}

@@ -67,6 +67,10 @@ func startNATS(ctx context.Context, url, group string, cluster bool) (*natsSyste
 	return n, nil
 }
 
+// InProcess reports whether the servers run in the harness's process (an
+// embedded server or cluster, not -nats-url).
+func (n *natsSystem) InProcess() bool { return n.srv != nil || n.cluster != nil }
+
 func (n *natsSystem) Key() string   { return "natssem" }
 func (n *natsSystem) Label() string { return "natssem" }
 

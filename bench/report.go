@@ -473,6 +473,17 @@ func writeScale(w io.Writer, r *Report) {
 			}
 			return fmtDur(s.Sems.Cycle.P50) + " / " + fmtDur(s.Sems.Cycle.P99), true
 		}),
+		row("… the server's cost per semaphore (in-process server): heap + stacks; goroutines and open files in all", "sems", func(s *SystemResult) (string, bool) {
+			if s.Sems == nil || s.Sems.Server == nil {
+				return "", false
+			}
+			c := s.Sems.Server
+			files := "open files unknown"
+			if c.FDs >= 0 {
+				files = fmt.Sprintf("%+d open files", c.FDs)
+			}
+			return fmt.Sprintf("%s + %s; %+d goroutines, %s", fmtBytes(c.HeapPerSem), fmtBytes(c.StackPerSem), c.Goroutines, files), true
+		}),
 		row("… the same keys on plain JetStream (no natssem): create p50; cycle p50, × a lone key's", "sems", func(s *SystemResult) (string, bool) {
 			if s.PerKey == nil {
 				return "", false
@@ -586,7 +597,9 @@ func writeNotes(w io.Writer, r *Report) {
 			"a releaser that asks again at once usually wins its own permit back.",
 		"**Many semaphores**: that many semaphores of N permits created on one broker (4 Inits at a time; RabbitMQ clients " +
 			"spread over connections of at most 1,000 semaphores, below its default channel_max of 2,047), then two rounds of one " +
-			"acquire+release on each while all are open, then all deleted. For natssem the same number of keys is then laid out " +
+			"acquire+release on each while all are open, then all deleted. A server in the harness's process (the embedded NATS) is " +
+			"charged the growth of the process's heap and goroutine stacks (after two GCs), goroutines and open files, measured with " +
+			"every semaphore still on the server but every client handle closed, against before the first was made. For natssem the same number of keys is then laid out " +
 			"with plain nats.go as a group lays them out (one stream kept by limits, a consumer filtered on each key's subject, a " +
 			"record per key in one KV bucket): a key's create is its consumer, its N tokens and its record (4 at a time), its cycle a " +
 			"one-message pull, two compare-and-sets and a Nak, timed on one key over and over and then once on each key in turn " +

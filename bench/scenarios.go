@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -377,6 +378,66 @@ type SemsResult struct {
 	Init      Summary       // one Init
 	First     Summary       // the first acquire+release on each, all of them open
 	Cycle     Summary       // the second acquire+release on each
+	// Server is what the semaphores cost a server running in the
+	// harness's process (nil for a server of its own process).
+	Server *ServerCost
+}
+
+// ServerCost is what count semaphores cost a server in the harness's
+// process: measured with every semaphore still on the server but every
+// client's handle closed, against before the first was made.
+type ServerCost struct {
+	HeapPerSem  float64 // bytes: runtime.MemStats.HeapAlloc after two GCs
+	StackPerSem float64 // bytes: StackInuse (the server's goroutines)
+	Goroutines  int     // more than before
+	FDs         int     // open file descriptors more than before (-1: unknown)
+}
+
+// inProcess is a System whose servers run in the harness's process, so
+// that their memory shows in its heap.
+type inProcess interface{ InProcess() bool }
+
+// processState is the heap, stacks, goroutines and open files of this
+// process, after two GCs.
+func processState() (runtime.MemStats, int, int) {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	fds := -1
+	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+		fds = len(ents)
+	}
+	return m, runtime.NumGoroutine(), fds
+}
+
+// settleGoroutines waits, at most limit, until the number of goroutines
+// stops falling for 100 ms.
+func settleGoroutines(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	last := runtime.NumGoroutine()
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		n := runtime.NumGoroutine()
+		if n >= last {
+			return
+		}
+		last = n
+	}
+}
+
+// serverCost is the growth from before to now, per semaphore.
+func serverCost(count int, before runtime.MemStats, goBefore, fdBefore int) *ServerCost {
+	after, goAfter, fdAfter := processState()
+	c := &ServerCost{
+		HeapPerSem:  (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(count),
+		StackPerSem: (float64(after.StackInuse) - float64(before.StackInuse)) / float64(count),
+		Goroutines:  goAfter - goBefore, FDs: -1,
+	}
+	if fdBefore >= 0 && fdAfter >= 0 {
+		c.FDs = fdAfter - fdBefore
+	}
+	return c
 }
 
 // runManySems creates count semaphores of n permits (conc at a time) on as
@@ -406,6 +467,15 @@ func runManySems(ctx context.Context, sys System, prefix string, count, n, conc 
 		cctx := context.WithoutCancel(ctx)
 		parallel(conc, count, func(i int) error { sys.Cleanup(cctx, names[i]); return nil })
 	}()
+	measure := false
+	if ip, ok := sys.(inProcess); ok {
+		measure = ip.InProcess()
+	}
+	var memBefore runtime.MemStats
+	var goBefore, fdBefore int
+	if measure {
+		memBefore, goBefore, fdBefore = processState()
+	}
 	sems := make([]Sem, count)
 	inits := make([]time.Duration, count)
 	t0 := time.Now()
@@ -444,8 +514,17 @@ func runManySems(ctx context.Context, sys System, prefix string, count, n, conc 
 			rounds[round] = append(rounds[round], time.Since(t))
 		}
 	}
-	return &SemsResult{Count: count, Clients: nClients, InitTotal: initTotal, Init: Summarize(inits),
-		First: Summarize(rounds[0]), Cycle: Summarize(rounds[1])}, nil
+	r := &SemsResult{Count: count, Clients: nClients, InitTotal: initTotal, Init: Summarize(inits),
+		First: Summarize(rounds[0]), Cycle: Summarize(rounds[1])}
+	if measure {
+		for i, s := range sems {
+			_ = s.Close()
+			sems[i] = nil
+		}
+		settleGoroutines(2 * time.Second) // closed handles drain their inboxes
+		r.Server = serverCost(count, memBefore, goBefore, fdBefore)
+	}
+	return r, nil
 }
 
 // parallel runs fn(0..count-1) on conc goroutines and returns the errors.

@@ -281,6 +281,9 @@ func addManySems(ts *[]Target, s *SystemResult) {
 	ratio := float64(m.Cycle.P50) / float64(s.Cycle.P50)
 	t.Measured = fmt.Sprintf("at %s: create p50 %s; cycle p50 %s = %.1f× a lone cycle (%s)",
 		thousands(float64(m.Count)), fmtDur(m.Init.P50), fmtDur(m.Cycle.P50), ratio, fmtDur(s.Cycle.P50))
+	if c := m.Server; c != nil {
+		t.Measured += fmt.Sprintf("; the server's memory %s a semaphore", fmtBytes(c.HeapPerSem+c.StackPerSem))
+	}
 	switch {
 	case m.Count < manySemsGoal:
 		t.Why = fmt.Sprintf("measured at %s semaphores only (-sems %d measures the goal)", thousands(float64(m.Count)), manySemsGoal)
