@@ -1,0 +1,65 @@
+package amqpsem
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem/internal/faultproxy"
+	"github.com/tokensem/tokensem/internal/rabbittest"
+)
+
+// TestLockReleaseHasADeadline: releasing the creation lock deletes its
+// exclusive queue; a broker that does not answer that delete must not hold
+// the caller past the request timeout (an Init of the bench harness once
+// waited 18 minutes on it). The broker is silenced by pausing a proxy
+// between it and the client.
+func TestLockReleaseHasADeadline(t *testing.T) {
+	b := rabbittest.Need(t)
+	px, err := faultproxy.New(b.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	ctx := t.Context()
+	c, err := Dial(ctx, b.URLVia(px.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const timeout = 500 * time.Millisecond
+	name := "lock-deadline-" + time.Now().Format("150405_000000")
+	s, err := Init(ctx, c, name, 1, WithRequestTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if fc, err := Dial(ctx, b.URL); err == nil {
+			_ = ForceDelete(ctx, fc, name)
+			_ = fc.Close()
+		}
+	}()
+	defer s.Close()
+	unlock, err := s.lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Pause()
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { unlock(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout + 5*time.Second):
+		px.Resume()
+		<-done
+		t.Fatalf("releasing the lock waited for a silent broker for %v", time.Since(start).Round(time.Millisecond))
+	}
+	px.Resume()
+	// The lock can be taken again on the same connection once the broker
+	// answers.
+	unlock, err = s.lock(ctx)
+	if err != nil {
+		t.Fatalf("lock after the broker came back: %v", err)
+	}
+	unlock()
+}
