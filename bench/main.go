@@ -491,7 +491,7 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			res.Sems = r
 			logf("%s %d semaphores: created in %s (p50 %s each), first cycle p50 %s, next cycle p50 %s p99 %s", key, r.Count,
 				fmtDur(r.InitTotal), fmtDur(r.Init.P50), fmtDur(r.First.P50), fmtDur(r.Cycle.P50), fmtDur(r.Cycle.P99))
-			if ns, ok := sys.(*natsSystem); ok {
+			if ns, ok := sys.(*natsSystem); ok && ns.group != "" {
 				if f, err := ns.perKeyFloor(ctx, r.Count, cfg.permits, p.prims, p.semsConcurrency); err != nil {
 					logf("per-key floor: %v", err)
 				} else {

@@ -599,7 +599,7 @@ func writeNotes(w io.Writer, r *Report) {
 			"spread over connections of at most 1,000 semaphores, below its default channel_max of 2,047), then two rounds of one " +
 			"acquire+release on each while all are open, then all deleted. A server in the harness's process (the embedded NATS) is " +
 			"charged the growth of the process's heap and goroutine stacks (after two GCs), goroutines and open files, measured with " +
-			"every semaphore still on the server but every client handle closed, against before the first was made. For natssem the same number of keys is then laid out " +
+			"every semaphore still on the server but every client handle closed, against before the first was made. For natssem keys of a group (-nats-group) the same number of keys is then laid out " +
 			"with plain nats.go as a group lays them out (one stream kept by limits, a consumer filtered on each key's subject, a " +
 			"record per key in one KV bucket): a key's create is its consumer, its N tokens and its record (4 at a time), its cycle a " +
 			"one-message pull, two compare-and-sets and a Nak, timed on one key over and over and then once on each key in turn " +
