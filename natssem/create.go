@@ -2,11 +2,13 @@ package natssem
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
@@ -306,34 +308,19 @@ func (s *Semaphore) dropConfig(ctx context.Context, rev uint64) {
 // seed publishes the tokens of cfg's epoch, deduplicated by message ID, then
 // marks the configuration ready.
 func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, error) {
-	// PublishAsync gives the JetStream context a reply subscription, a
-	// status listener and a goroutine, kept until CleanupPublisher (not by
-	// the connection's or the Semaphore's end): without this, every Init
-	// that seeded left them behind for the connection's lifetime.
-	defer s.js.CleanupPublisher()
 	const batch = 1000
 	for lo := 0; lo < cfg.Permits; lo += batch {
-		var acks []jetstream.PubAckFuture
+		msgs := make([]*nats.Msg, 0, batch)
 		for i := lo; i < min(lo+batch, cfg.Permits); i++ {
 			b, err := s.codec.Encode(tokensem.NewToken(s.name, i, cfg.Epoch))
 			if err != nil {
 				return config{}, err
 			}
 			id := s.lay.msgID(s.name, cfg.Life, s.name+"."+strconv.FormatUint(cfg.Epoch, 10)+"."+strconv.Itoa(i))
-			f, err := s.js.PublishAsync(s.lay.subject, b, jetstream.WithMsgID(id))
-			if err != nil {
-				return config{}, wrapBrokerErr(err)
-			}
-			acks = append(acks, f)
+			msgs = append(msgs, &nats.Msg{Subject: s.lay.subject, Data: b, Header: nats.Header{jetstream.MsgIDHeader: []string{id}}})
 		}
-		for _, f := range acks {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				return config{}, wrapBrokerErr(err)
-			case <-ctx.Done():
-				return config{}, ctx.Err()
-			}
+		if err := s.publishAll(ctx, msgs); err != nil {
+			return config{}, err
 		}
 	}
 	cfg.State = stateReady
@@ -350,6 +337,66 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 	s.awaitTokens(ctx, cfg.Permits)
 	s.log.Info("semaphore created", "permits", cfg.Permits, "lease", cfg.Lease)
 	return cfg, nil
+}
+
+// publishAll publishes msgs to the token stream without waiting between
+// them, then waits (at most a request timeout) for the stream to
+// acknowledge each. It reads the acknowledgements from an inbox of its own
+// rather than with jetstream's PublishAsync, which keeps a subscription
+// and a goroutine per JetStream context until CleanupPublisher, and whose
+// goroutine CleanupPublisher can leave blocked for ever when it runs before
+// that goroutine has started (nats.go 1.55, publish.go: it then reads a nil
+// status channel).
+func (s *Semaphore) publishAll(ctx context.Context, msgs []*nats.Msg) error {
+	inbox := s.nc.NewInbox()
+	acks := make(chan *nats.Msg, len(msgs))
+	sub, err := s.nc.ChanSubscribe(inbox+".*", acks)
+	if err != nil {
+		return wrapBrokerErr(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for i, m := range msgs {
+		m.Reply = inbox + "." + strconv.Itoa(i)
+		if err := s.nc.PublishMsg(m); err != nil {
+			return wrapBrokerErr(err)
+		}
+	}
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	for range msgs {
+		select {
+		case a := <-acks:
+			if err := pubAckError(a); err != nil {
+				return err
+			}
+		case <-rctx.Done():
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return wrapBrokerErr(fmt.Errorf("publishing the tokens of %s: %w", s.name, nats.ErrTimeout))
+		}
+	}
+	return nil
+}
+
+// pubAckError is the error a JetStream publish's answer carries, if any.
+func pubAckError(m *nats.Msg) error {
+	if code, desc := status(m); code != "" {
+		if code == "503" {
+			return wrapBrokerErr(fmt.Errorf("publishing a token: %w", nats.ErrNoResponders))
+		}
+		return wrapBrokerErr(fmt.Errorf("publishing a token: answered %s %s", code, desc))
+	}
+	var ack struct {
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &ack); err != nil {
+		return wrapBrokerErr(fmt.Errorf("publishing a token: %w", err))
+	}
+	if ack.Error != nil {
+		return wrapBrokerErr(fmt.Errorf("publishing a token: %w", ack.Error))
+	}
+	return nil
 }
 
 // awaitTokens waits (briefly, best effort) until the consumer counts the
