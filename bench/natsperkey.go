@@ -98,16 +98,9 @@ func (n *natsSystem) perKeyFloor(ctx context.Context, count, permits, lone, conc
 	cycle := func(i int) (time.Duration, error) {
 		k := "k" + strconv.Itoa(i)
 		t := time.Now()
-		batch, err := cons[i].Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		m, err := fetchOne(cons[i])
 		if err != nil {
-			return 0, err
-		}
-		var m jetstream.Msg
-		for x := range batch.Messages() {
-			m = x
-		}
-		if m == nil {
-			return 0, fmt.Errorf("per-key floor: pull on %s returned nothing: %v", k, batch.Error())
+			return 0, fmt.Errorf("per-key floor: %s: %w", k, err)
 		}
 		if revs[i], err = kv.Update(ctx, k, []byte("held"), revs[i]); err != nil {
 			return 0, err

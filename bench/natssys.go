@@ -268,16 +268,8 @@ func (n *natsSystem) primitives(ctx context.Context, samples int) (Primitives, e
 		if last != nil {
 			_ = last.Nak()
 		}
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return Primitives{}, err
-		}
-		last = nil
-		for m := range batch.Messages() {
-			last = m
-		}
-		if last == nil {
-			return Primitives{}, fmt.Errorf("primitives: pull returned nothing: %v", batch.Error())
+		if last, err = fetchOne(cons); err != nil {
+			return Primitives{}, fmt.Errorf("primitives: %w", err)
 		}
 		t2 := time.Now()
 		if i >= samples/10 {
@@ -285,4 +277,20 @@ func (n *natsSystem) primitives(ctx context.Context, samples int) (Primitives, e
 		}
 	}
 	return Primitives{CAS: Summarize(cas), NakPull: Summarize(pull)}, nil
+}
+
+// fetchOne pulls one message from c, waiting up to 5 s for it.
+func fetchOne(c jetstream.Consumer) (jetstream.Msg, error) {
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	var last jetstream.Msg
+	for m := range batch.Messages() {
+		last = m
+	}
+	if last == nil {
+		return nil, fmt.Errorf("pull returned nothing: %v", batch.Error())
+	}
+	return last, nil
 }

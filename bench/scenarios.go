@@ -400,15 +400,21 @@ type inProcess interface{ InProcess() bool }
 // processState is the heap, stacks, goroutines and open files of this
 // process, after two GCs.
 func processState() (runtime.MemStats, int, int) {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
+	m := settledMem()
 	fds := -1
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
 		fds = len(ents)
 	}
 	return m, runtime.NumGoroutine(), fds
+}
+
+// settledMem is the process's memory statistics after two GCs.
+func settledMem() runtime.MemStats {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m
 }
 
 // settleGoroutines waits, at most limit, until the number of goroutines
@@ -614,10 +620,7 @@ func runWaiters(ctx context.Context, sys System, name string, waiters, n int, ho
 	if err != nil {
 		return nil, err
 	}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&before)
+	before := settledMem()
 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -684,9 +687,7 @@ func runWaiters(ctx context.Context, sys System, name string, waiters, n int, ho
 		time.Sleep(50 * time.Millisecond)
 	}
 	r.QueuedIn = time.Since(t0)
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&after)
+	after := settledMem()
 	r.HeapPerWaiter = (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(waiters)
 	r.StackPerWaiter = (float64(after.StackInuse) - float64(before.StackInuse)) / float64(waiters)
 
