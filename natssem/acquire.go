@@ -78,7 +78,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	// A token is admitted by a configuration read within configTTL; when
 	// the cached one is older (a semaphore idle for a while, as most keys
 	// of a group are), read it beside the pull, not after the delivery.
-	defer s.cfg.Prefetch(ctx, configTTL, s.readCurrentConfig)()
+	defer s.prefetchConfig(ctx)()
 	if noWait {
 		// After taking the waiter: a token that reached it while idle
 		// was handed back, and that hand-back is waited for too.

@@ -1,12 +1,9 @@
 package natssem
 
 import (
-	"errors"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/tokensem/tokensem"
 )
 
 // A client whose configuration is older than configTTL admits a token by
@@ -34,30 +31,7 @@ func TestIdleClientAdmitsByTheNewCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(configTTL + 100*time.Millisecond)
-	if got := b.Permits(); got != 2 {
-		t.Fatalf("the idle client already counts %d permits; the test needs its stale count of 2", got)
-	}
-	retired, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, 1, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.js.Publish(ctx, b.lay.subject, retired); err != nil {
-		t.Fatal(err)
-	}
-	p, err := b.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Release(ctx) }()
-	if q, err := b.TryAcquire(ctx); !errors.Is(err, tokensem.ErrNoPermit) {
-		if err == nil {
-			_ = q.Release(ctx)
-		}
-		t.Fatalf("a second permit after a shrink to 1: TryAcquire = %v, want ErrNoPermit", err)
-	}
-	if got := b.Permits(); got != 1 {
-		t.Fatalf("the client counts %d permits after admitting, want 1", got)
-	}
+	admitsByTheNewCount(t, b, 1)
 }
 
 // Semaphores made and closed on a long-lived connection (per-key

@@ -34,10 +34,24 @@ type config struct {
 	// Was is the state Delete found, put back if it refuses; empty on a
 	// placeholder Delete wrote where there was no configuration yet.
 	Was string `json:"was,omitempty"`
+
+	// gen is the group's generation read before this configuration was,
+	// if genKnown (see generation.go); not stored.
+	gen      uint64
+	genKnown bool
 }
 
+// Configuration versions. A key of a group made since the group's
+// generation (generation.go) has configVersionGen: every change of its
+// count, and its removal, bumps the generation. Clients of earlier
+// versions neither bump nor read the generation; they refuse such a
+// configuration as unsupported rather than change it unseen.
 const (
-	configVersion = 1
+	configVersion    = 1
+	configVersionGen = 2
+)
+
+const (
 	stateSeeding  = "seeding"
 	stateReady    = "ready"
 	stateDeleting = "deleting"
@@ -50,7 +64,7 @@ func decodeConfig(b []byte) (config, error) {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return config{}, fmt.Errorf("natssem: corrupt config record: %w", err)
 	}
-	if c.Version != configVersion || c.Permits <= 0 || c.Lease <= 0 || c.Epoch == 0 {
+	if (c.Version != configVersion && c.Version != configVersionGen) || c.Permits <= 0 || c.Lease <= 0 || c.Epoch == 0 {
 		return config{}, fmt.Errorf("natssem: unsupported config record %q", b)
 	}
 	return c, nil

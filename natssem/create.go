@@ -223,7 +223,7 @@ const seedStallTimeout = 30 * time.Second
 func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, error) {
 	me := s.seeder
 	want := config{
-		Version: configVersion, Permits: permits, Lease: s.opts.Lease, Epoch: 1,
+		Version: s.lay.configVersion(), Permits: permits, Lease: s.opts.Lease, Epoch: 1,
 		KeyCheck: s.codec.KeyCheck(), State: stateSeeding, Seeder: me,
 		Created: time.Now().UnixMilli(), Life: ids.New(),
 	}

@@ -169,7 +169,9 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 	}
 	h.abandon() // the lock record went with the bucket (or the key's records)
 	s.log.Info("semaphore deleted")
-	return nil
+	// A key of a group may be made again with another count and lease:
+	// clients that cached this one's read again (generation.go).
+	return s.bumpGeneration(ctx)
 }
 
 // removeResources is step 4: the token stream, then the bucket; of a key
@@ -198,7 +200,7 @@ func (s *Semaphore) markDeleting(ctx context.Context) (config, error) {
 		cfg, rev, err := s.readConfig(ctx)
 		switch {
 		case errors.Is(err, tokensem.ErrNotInitialized):
-			cfg = config{Version: configVersion, Permits: 1, Lease: s.opts.Lease, Epoch: 1, Created: time.Now().UnixMilli()}
+			cfg = config{Version: s.lay.configVersion(), Permits: 1, Lease: s.opts.Lease, Epoch: 1, Created: time.Now().UnixMilli()}
 			rev = 0
 		case err != nil:
 			return config{}, err

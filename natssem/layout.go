@@ -62,6 +62,15 @@ func newLayout(group, name string) layout {
 // grouped reports whether the semaphore shares its group's resources.
 func (l layout) grouped() bool { return l.group != "" }
 
+// configVersion is the version a new configuration gets: a key of a
+// group bumps its group's generation (generation.go).
+func (l layout) configVersion() int {
+	if l.grouped() {
+		return configVersionGen
+	}
+	return configVersion
+}
+
 // key returns the KV key of the semaphore's record k.
 func (l layout) key(k string) string { return l.prefix + k }
 

@@ -17,6 +17,11 @@ import (
 // their permits until they release (their tokens are then retired by the
 // next acquirer). Every client admits by the new count within 2 s,
 // so admission never exceeds max(old, new) and converges to the new count.
+// Of a key of a group, clients learn of the change from the group's
+// generation, which Resize moves on after the count (generation.go); if
+// that write fails, Resize returns the error, running it again moves the
+// generation, and until then clients admit by the new count within a
+// minute.
 //
 // Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
 // broker error.
@@ -44,7 +49,8 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 			return fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, s.name)
 		}
 		if cfg.Permits == permits {
-			return nil
+			// Bumped again: a resize whose bump failed is retried so.
+			return s.bumpGeneration(ctx)
 		}
 		old := cfg.Permits
 		cfg.Permits = permits
@@ -59,6 +65,8 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 		}
 		s.setConfig(cfg)
 		s.log.Info("resized", "from", old, "to", permits)
-		return nil
+		// Of a key of a group: after the write, so that a client that reads
+		// the new generation reads the new count (generation.go).
+		return s.bumpGeneration(ctx)
 	}
 }

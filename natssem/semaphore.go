@@ -48,6 +48,7 @@ type Semaphore struct {
 	releaseWait time.Duration
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
+	gen *generation            // of the group, shared; nil alone
 
 	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
 
@@ -155,7 +156,8 @@ func openSemaphore(ctx context.Context, nc *nats.Conn, name string, o options) (
 		if err := s.bind(ctx); err != nil {
 			return err
 		}
-		if cfg, _, err = s.readConfig(ctx); err != nil || cfg.State != stateReady {
+		// readCurrentConfig: a key of a group notes its group's generation.
+		if cfg, err = s.readCurrentConfig(ctx); err != nil || cfg.State != stateReady {
 			return err
 		}
 		cons, err = s.consumerInfo(ctx)
@@ -220,7 +222,12 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 	if lay.grouped() {
 		log = log.With("group", o.group)
 	}
+	var gen *generation
+	if lay.grouped() {
+		gen = sharedGeneration(nc, lay.bucket)
+	}
 	return &Semaphore{
+		gen:         gen,
 		nc:          nc,
 		js:          js,
 		name:        name,
@@ -272,21 +279,39 @@ func (s *Semaphore) bind(ctx context.Context) error {
 }
 
 // readConfig reads the configuration and its revision from the bucket's
-// stream leader. kv.Get would be answered by any replica (a direct get),
-// and a replica may not yet have applied a write acknowledged a moment ago:
-// on a 3-node cluster a resize's census read the count it had just
-// replaced (TestClusterResizeSeesItsWrite), and an Open through another
-// node right after an Init found it still being created. The leader has
-// applied every acknowledged write.
+// stream leader (readLast).
 func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
+	data, seq, err := s.readLast(ctx, s.lay.key(configKey))
+	switch {
+	case errors.Is(err, errNoRecord):
+		return config{}, 0, fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
+	case err != nil:
+		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
+	}
+	cfg, err := decodeConfig(data)
+	return cfg, seq, err
+}
+
+// errNoRecord is readLast's answer for a key never written, deleted or
+// purged.
+var errNoRecord = errors.New("natssem: no such record")
+
+// readLast reads the bucket's record key (a full KV key) and its revision
+// from the bucket's stream leader. kv.Get would be answered by any replica
+// (a direct get), and a replica may not yet have applied a write
+// acknowledged a moment ago: on a 3-node cluster a resize's census read the
+// count it had just replaced (TestClusterResizeSeesItsWrite), and an Open
+// through another node right after an Init found it still being created.
+// The leader has applied every acknowledged write.
+func (s *Semaphore) readLast(ctx context.Context, key string) ([]byte, uint64, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	req := mustMarshal(struct {
 		LastBySubject string `json:"last_by_subj"`
-	}{s.lay.kvSubject(configKey)})
+	}{"$KV." + s.lay.bucket + "." + key})
 	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+s.lay.kvStream(), req)
 	if err != nil {
-		return config{}, 0, wrapBrokerErr(err)
+		return nil, 0, err
 	}
 	var resp struct {
 		Message *struct {
@@ -296,33 +321,28 @@ func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
 		} `json:"message"`
 		Error *jetstream.APIError `json:"error"`
 	}
-	failed := func(err error) (config, uint64, error) {
-		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
-	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return failed(err)
+		return nil, 0, err
 	}
-	notFound := fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
 	switch {
 	case isAPIError(resp.Error, jsNoMessageFound):
-		return config{}, 0, notFound
+		return nil, 0, errNoRecord
 	case resp.Error != nil:
-		return failed(resp.Error)
+		return nil, 0, resp.Error
 	case resp.Message == nil:
-		return failed(errors.New("empty answer"))
+		return nil, 0, errors.New("empty answer")
 	}
 	if len(resp.Message.Header) > 0 {
 		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
 		if err != nil {
-			return failed(err)
+			return nil, 0, err
 		}
 		// A deleted or purged key leaves a marker as its last message.
 		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-			return config{}, 0, notFound
+			return nil, resp.Message.Seq, errNoRecord
 		}
 	}
-	cfg, err := decodeConfig(resp.Message.Data)
-	return cfg, resp.Message.Seq, err
+	return resp.Message.Data, resp.Message.Seq, nil
 }
 
 // Name returns the semaphore's name.
@@ -341,23 +361,13 @@ func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 	return s.cfg.Refresh(ctx, s.readCurrentConfig)
 }
 
-// readCurrentConfig is readConfig without the revision.
-func (s *Semaphore) readCurrentConfig(ctx context.Context) (config, error) {
-	cfg, _, err := s.readConfig(ctx)
-	return cfg, err
-}
-
 func (s *Semaphore) setConfig(cfg config) { s.cfg.Set(cfg) }
 
 // configTTL is how long an acquirer trusts the configuration it read: after
 // a resize, every client admits by the new permit count within this long.
+// A key of a group trusts it longer while the group's generation vouches
+// for it (generation.go).
 const configTTL = 2 * time.Second
-
-// freshConfig returns the configuration, re-reading it when it is older
-// than configTTL.
-func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
-	return s.cfg.Fresh(ctx, configTTL, s.readCurrentConfig)
-}
 
 // Close makes later calls return tokensem.ErrClosed and wakes callers
 // blocked in Acquire (they return ErrClosed). Held permits stay valid until

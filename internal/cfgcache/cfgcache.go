@@ -34,6 +34,13 @@ func (c *Cache[C]) Get() C {
 	return c.v
 }
 
+// GetAt returns the stored value and when it was read.
+func (c *Cache[C]) GetAt() (C, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.v, c.at
+}
+
 // Refresh reads the value with read and stores it.
 func (c *Cache[C]) Refresh(ctx context.Context, read func(context.Context) (C, error)) (C, error) {
 	v, err := read(ctx)
