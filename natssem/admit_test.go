@@ -31,7 +31,7 @@ func TestIdleClientAdmitsByTheNewCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(configTTL + 100*time.Millisecond)
-	admitsByTheNewCount(t, b, 1)
+	admitsByTheNewCount(t, b)
 }
 
 // Semaphores made and closed on a long-lived connection (per-key

@@ -37,7 +37,7 @@ type config struct {
 
 	// gen is the group's generation read before this configuration was,
 	// if genKnown (see generation.go); not stored.
-	gen      uint64
+	gen      genValue
 	genKnown bool
 }
 

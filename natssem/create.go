@@ -26,6 +26,14 @@ import (
 // bucket, and the key's consumer is made by the creator of its
 // configuration (prepareKey).
 func (s *Semaphore) createResources(ctx context.Context, permits int) error {
+	if s.group != nil {
+		// Found by an earlier Init of the group on this connection.
+		if stream, kv := s.group.found(); stream != nil {
+			s.stream = stream
+			s.setBucket(kv)
+			return nil
+		}
+	}
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	sc := jetstream.StreamConfig{
@@ -89,6 +97,9 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 		return wrapBrokerErr(err)
 	}
 	s.setBucket(kv)
+	if s.group != nil {
+		s.group.remember(stream, kv)
+	}
 	return nil
 }
 

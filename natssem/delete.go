@@ -150,6 +150,16 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 			}
 		}
 	}()
+	// Of a key of a group, the mark moves the group's generation on, also
+	// when it was made already (by a deleter that may have died before its
+	// bump): a deleted key may be made again with another count and lease,
+	// and a client trusts a cached configuration by the generation only
+	// while it says ready (config.vouchable), so every client that cached
+	// this life's reads the configuration again until it finds the next
+	// life's. Nothing is removed without the bump.
+	if err := s.bumpGeneration(ctx); err != nil {
+		return err
+	}
 	wait, err := s.closeSlots(ctx, cfg, force)
 	if err != nil {
 		return err
@@ -169,9 +179,7 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 	}
 	h.abandon() // the lock record went with the bucket (or the key's records)
 	s.log.Info("semaphore deleted")
-	// A key of a group may be made again with another count and lease:
-	// clients that cached this one's read again (generation.go).
-	return s.bumpGeneration(ctx)
+	return nil
 }
 
 // removeResources is step 4: the token stream, then the bucket; of a key

@@ -3,15 +3,9 @@ package natssem
 import (
 	"context"
 	"errors"
-	"runtime"
-	"strconv"
-	"sync"
 	"time"
-	"weak"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/tokensem/tokensem/internal/cfgcache"
+	"github.com/tokensem/tokensem/internal/ids"
 )
 
 // A group's generation lets the keys of a group trust their cached
@@ -21,14 +15,20 @@ import (
 // that every client admits by a resized count within that long (Resize).
 // A semaphore of its own pays one read every configTTL; a group of 10,000
 // keys, each used now and then, would pay one read per Acquire. Instead,
-// every change of a key's configuration that acquirers must see (Resize's
-// count, Delete's removal, after which a key may be made again) writes the
-// configuration first and then bumps the group's generation record
-// (generationKey: one record for the whole group, its revision the
-// generation). A client reads the generation before it reads a key's
-// configuration and notes it with the configuration (config.gen). Past
-// configTTL it trusts that configuration as long as the generation, read
-// by the client within configTTL, is still the one noted.
+// every change of a key's configuration that acquirers must see is
+// followed by a bump of the group's generation record (generationKey: one
+// record for the whole group; its revision, with the random id the bump
+// wrote, is the generation):
+//   - Resize writes the count, then bumps (announceConfig, which skips the
+//     bump when the record was written after the count already);
+//   - Delete marks the key deleting, then bumps before it removes
+//     anything (a deleted key may be made again with another count and
+//     lease; see config.vouchable).
+//
+// A client reads the generation before it reads a key's configuration and
+// notes it with the configuration (config.gen). Past configTTL it trusts
+// that configuration as long as the generation, read by the client within
+// configTTL, is still the one noted, and the configuration said ready.
 //
 // Why a change still reaches every client within configTTL: say a change
 // wrote the configuration and then bumped the generation to G, both before
@@ -41,104 +41,116 @@ import (
 //
 // One generation read per group, connection and configTTL replaces a read
 // per key. Only keys created with configVersionGen, whose every client
-// bumps, are trusted so; a change whose bump failed (its caller gets the
-// error) reaches clients within configMaxAge, after which a configuration
-// is read again whatever the generation says.
+// bumps, are trusted so. A Resize whose bump failed returns the error (run
+// again, it bumps); until then, and for whatever else fails to bump, a
+// configuration is trusted on the generation for at most configMaxAge.
+// A Delete whose bump fails removes nothing.
 
-// generationKey is the group bucket's generation record. A name cannot
-// start with '_', so no key's records (layout.key) can be this one.
+// generationKey is the group bucket's generation record. Every record of
+// a key (layout.key) has a '.' after the key's name; this one has none.
 const generationKey = "_generation"
 
 // configMaxAge bounds how long a key's configuration is trusted on the
 // generation alone.
 const configMaxAge = time.Minute
 
-// generation is a group's generation as a connection last read it, shared
-// by the connection's Semaphores of that group (sharedGeneration).
-type generation struct {
-	cache cfgcache.Cache[uint64]
+// genValue is a generation: the revision of the generation record and the
+// random id its bump wrote. The id tells apart a bucket made again, whose
+// revisions start over.
+type genValue struct {
+	seq uint64
+	id  string
 }
 
-type generationID struct {
-	nc     *nats.Conn
-	bucket string
-}
-
-// generations holds the generation of each group a connection uses, for
-// as long as one of its Semaphores does.
-var generations = struct {
-	sync.Mutex
-	m map[generationID]weak.Pointer[generation]
-}{m: map[generationID]weak.Pointer[generation]{}}
-
-// sharedGeneration returns the generation of the group whose bucket is
-// bucket, as the connection nc knows it.
-func sharedGeneration(nc *nats.Conn, bucket string) *generation {
-	id := generationID{nc, bucket}
-	generations.Lock()
-	defer generations.Unlock()
-	if g := generations.m[id].Value(); g != nil {
-		return g
+// readGeneration reads the group's generation (the zero genValue if it
+// was never bumped).
+func (s *Semaphore) readGeneration(ctx context.Context) (genValue, error) {
+	data, seq, err := s.readLast(ctx, generationKey)
+	switch {
+	case errors.Is(err, errNoRecord):
+		return genValue{seq: seq}, nil
+	case err != nil:
+		return genValue{}, wrapBrokerErr(err)
 	}
-	g := &generation{}
-	generations.m[id] = weak.Make(g)
-	runtime.AddCleanup(g, func(id generationID) {
-		generations.Lock()
-		defer generations.Unlock()
-		if generations.m[id].Value() == nil {
-			delete(generations.m, id)
-		}
-	}, id)
-	return g
-}
-
-// readGeneration reads the group's generation: the revision of its
-// generation record, 0 if it was never written.
-func (s *Semaphore) readGeneration(ctx context.Context) (uint64, error) {
-	_, seq, err := s.readLast(ctx, generationKey)
-	if err != nil && !errors.Is(err, errNoRecord) {
-		return 0, wrapBrokerErr(err)
-	}
-	return seq, nil
+	return genValue{seq: seq, id: string(data)}, nil
 }
 
 // bumpGeneration moves the group's generation on, after a change of the
-// key's configuration. A semaphore of its own has none.
+// key's configuration. A semaphore of its own has none. The change is
+// made already, so the bump is not cut short with ctx: it gets request
+// timeouts of its own, for up to bumpTimeout.
 func (s *Semaphore) bumpGeneration(ctx context.Context) error {
-	if s.gen == nil {
+	if s.group == nil {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bumpTimeout)
+	defer cancel()
 	return s.retry(ctx, "generation", func() error {
 		rctx, cancel := s.rtt(ctx)
 		defer cancel()
-		_, err := s.kv.Put(rctx, generationKey, []byte(strconv.FormatInt(time.Now().UnixMilli(), 10)))
+		_, err := s.kv.Put(rctx, generationKey, []byte(ids.New()))
 		return wrapBrokerErr(err)
 	})
 }
 
-// byGeneration returns the cached configuration if the group's generation
-// vouches for it (see the top of this file).
+// bumpTimeout bounds the retries of a bump.
+const bumpTimeout = 10 * time.Second
+
+// announceConfig makes sure the last write of the key's configuration is
+// covered by a bump: it bumps unless the generation record was written
+// after the configuration (both are messages of the bucket's stream, so
+// their revisions compare). Resize calls it last, so that a Resize run
+// again after a bump that failed, or to a count the key already has,
+// bumps only when needed.
+func (s *Semaphore) announceConfig(ctx context.Context) error {
+	if s.group == nil {
+		return nil
+	}
+	_, rev, err := s.readConfig(ctx)
+	if err != nil {
+		return err
+	}
+	if g, err := s.readGeneration(ctx); err == nil && g.seq > rev {
+		return nil
+	}
+	return s.bumpGeneration(ctx)
+}
+
+// byGeneration returns the cached configuration while it is younger than
+// configTTL, or while the group's generation vouches for it (see the top
+// of this file).
 func (s *Semaphore) byGeneration(ctx context.Context) (config, bool) {
-	if s.gen == nil {
+	if s.group == nil {
 		return config{}, false
 	}
 	cfg, at := s.cfg.GetAt()
-	if !cfg.genKnown || time.Since(at) >= configMaxAge {
+	age := time.Since(at)
+	switch {
+	case age < configTTL:
+		return cfg, true
+	case !cfg.vouchable() || age >= configMaxAge:
 		return config{}, false
 	}
-	g, err := s.gen.cache.Fresh(ctx, configTTL, s.readGeneration)
+	g, err := s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
 	return cfg, err == nil && g == cfg.gen
 }
+
+// vouchable reports whether the generation may vouch for c: it was read
+// after a generation, and the key was ready then. A key being deleted
+// may be made again; its Delete bumps the generation after marking it
+// (deleteLocked), not after removing it, so a client that read the mark
+// reads the configuration again until it finds the next life's.
+func (c config) vouchable() bool { return c.genKnown && c.State == stateReady }
 
 // readCurrentConfig reads the configuration; of a key whose changes bump
 // its group's generation, it notes the generation read before it.
 func (s *Semaphore) readCurrentConfig(ctx context.Context) (config, error) {
 	var (
-		g      uint64
+		g      genValue
 		genErr error = errNoRecord
 	)
-	if s.gen != nil {
-		g, genErr = s.gen.cache.Fresh(ctx, configTTL, s.readGeneration)
+	if s.group != nil {
+		g, genErr = s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
 	}
 	cfg, _, err := s.readConfig(ctx)
 	if err == nil && genErr == nil && cfg.Version >= configVersionGen {
@@ -158,12 +170,23 @@ func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
 }
 
 // prefetchConfig starts, beside an Acquire's pull, the read freshConfig
-// will need: the group's generation when it may vouch for the cached
-// configuration, else the configuration. Call stop before returning.
+// will need: none while the cached configuration is fresh or vouched for
+// by a generation read within configTTL; the generation when it is due
+// (it will most likely vouch); else the configuration. Call stop before
+// returning.
 func (s *Semaphore) prefetchConfig(ctx context.Context) (stop func()) {
-	if s.gen != nil {
-		if cfg, at := s.cfg.GetAt(); cfg.genKnown && time.Since(at) < configMaxAge {
-			return s.gen.cache.Prefetch(ctx, configTTL, s.readGeneration)
+	cfg, at := s.cfg.GetAt()
+	age := time.Since(at)
+	if age < configTTL {
+		return func() {}
+	}
+	if s.group != nil && cfg.vouchable() && age < configMaxAge {
+		g, gat := s.group.gen.GetAt()
+		switch {
+		case time.Since(gat) >= configTTL:
+			return s.group.gen.Prefetch(ctx, configTTL, s.readGeneration)
+		case g == cfg.gen:
+			return func() {}
 		}
 	}
 	return s.cfg.Prefetch(ctx, configTTL, s.readCurrentConfig)

@@ -4,54 +4,68 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
-// configReads counts the leader reads (readLast) of a group's bucket, by
-// the record they read: every request to the bucket stream's message-get
-// subject reaches this subscription too.
+// configReads counts the reads of a group's bucket through the JetStream
+// API (a leader read, as readLast does, or a direct get), by the record
+// they read: every request on those subjects reaches this subscription
+// too.
 type configReads struct {
-	mu     sync.Mutex
-	counts map[string]int // "config" or generationKey
+	nc, mon *nats.Conn
+	msgs    chan *nats.Msg
 }
 
-func watchReads(t *testing.T, nc *nats.Conn, group string) *configReads {
+func watchReads(t *testing.T, srv *embedded.Server, nc *nats.Conn, group string) *configReads {
 	t.Helper()
-	r := &configReads{counts: map[string]int{}}
-	sub, err := nc.Subscribe("$JS.API.STREAM.MSG.GET.KV_"+GroupBucketName(group), func(m *nats.Msg) {
-		var req struct {
-			LastBySubject string `json:"last_by_subj"`
+	r := &configReads{nc: nc, mon: dial(t, srv), msgs: make(chan *nats.Msg, 1024)}
+	for _, api := range []string{"STREAM.MSG.GET", "DIRECT.GET"} {
+		sub, err := r.mon.ChanSubscribe("$JS.API."+api+".KV_"+GroupBucketName(group), r.msgs)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if json.Unmarshal(m.Data, &req) != nil {
-			return
-		}
-		rec := req.LastBySubject[strings.LastIndexByte(req.LastBySubject, '.')+1:]
-		r.mu.Lock()
-		r.counts[rec]++
-		r.mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
 	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
+	if err := r.mon.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-func (r *configReads) take() map[string]int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	c := r.counts
-	r.counts = map[string]int{}
-	return c
+// take returns the reads since the last take, by record ("config" or
+// generationKey). The client's connection is flushed first, then the
+// monitor's: the server routes every request of the client to the monitor
+// before it answers the monitor's ping.
+func (r *configReads) take(t *testing.T) map[string]int {
+	t.Helper()
+	if err := r.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.mon.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for {
+		select {
+		case m := <-r.msgs:
+			var req struct {
+				LastBySubject string `json:"last_by_subj"`
+			}
+			if json.Unmarshal(m.Data, &req) != nil || req.LastBySubject == "" {
+				counts["other"]++
+				continue
+			}
+			counts[req.LastBySubject[strings.LastIndexByte(req.LastBySubject, '.')+1:]]++
+		default:
+			return counts
+		}
+	}
 }
 
 // Keys of a group used less often than configTTL admit by their cached
@@ -80,7 +94,7 @@ func TestGroupGenerationSavesConfigReads(t *testing.T) {
 		defer s.Close()
 		sems = append(sems, s)
 	}
-	reads := watchReads(t, dial(t, srv), group)
+	reads := watchReads(t, srv, nc, group)
 	time.Sleep(configTTL + 100*time.Millisecond)
 	for round := range 2 {
 		for _, s := range sems {
@@ -92,14 +106,10 @@ func TestGroupGenerationSavesConfigReads(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond) // the monitor's connection is another
-		got := reads.take()
-		if got[configKey] != 0 || got[generationKey] != 1-round {
-			t.Fatalf("round %d over %d idle keys read %d configurations and the generation %d times; want none and %d",
-				round, len(sems), got[configKey], got[generationKey], 1-round)
+		got := reads.take(t)
+		if got[configKey] != 0 || got[generationKey] != 1-round || got["other"] != 0 {
+			t.Fatalf("round %d over %d idle keys read the bucket %v; want the generation %d times and nothing else",
+				round, len(sems), got, 1-round)
 		}
 	}
 }
@@ -129,44 +139,65 @@ func TestGroupResizeReachesAClientTrustingTheGeneration(t *testing.T) {
 	if _, err := a.Resize(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	reads := watchReads(t, srv, b.nc, group)
 	time.Sleep(configTTL + 100*time.Millisecond)
-	admitsByTheNewCount(t, b, 1)
+	admitsByTheNewCount(t, b)
+	// The generation moved, so the count was read once, after it.
+	if got := reads.take(t); got[generationKey] < 1 || got[configKey] < 1 {
+		t.Fatalf("the client read the bucket %v; want the generation, then the configuration", got)
+	}
 }
 
 // A key deleted and made again with fewer permits reaches a client still
-// holding a handle on its earlier life: Delete bumps the generation once
-// the key is gone (Init does not).
+// holding a handle on its earlier life, which trusted its configuration by
+// the generation: Delete bumps the generation after marking the key, and
+// a configuration read while it is marked is not vouched for. Also when
+// the first deleter died between its mark and its bump: the next Delete
+// finds the mark and bumps.
 func TestGroupRemadeKeyReachesAClientTrustingTheGeneration(t *testing.T) {
-	srv := startServer(t)
-	ctx := testContext(t)
-	const name, group = "gen-remade", "gen-remade-group"
-	nc := dial(t, srv)
-	a, err := Init(ctx, nc, name, 2, WithGroup(group))
-	if err != nil {
-		t.Fatal(err)
+	for _, died := range []bool{false, true} {
+		t.Run(map[bool]string{false: "delete", true: "deleter died after marking"}[died], func(t *testing.T) {
+			srv := startServer(t)
+			ctx := testContext(t)
+			const name, group = "gen-remade", "gen-remade-group"
+			nc := dial(t, srv)
+			a, err := Init(ctx, nc, name, 2, WithGroup(group))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := Open(ctx, dial(t, srv), name, WithGroup(group))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if !b.config().genKnown {
+				t.Fatal("Open did not note the group's generation; the test needs a client that trusts it")
+			}
+			if died {
+				// The mark alone, as a deleter that died before its bump left it.
+				if _, err := a.markDeleting(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = a.Close()
+			if err := Delete(ctx, nc, name, WithGroup(group)); err != nil {
+				t.Fatal(err)
+			}
+			a, err = Init(ctx, nc, name, 1, WithGroup(group))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			time.Sleep(configTTL + 100*time.Millisecond)
+			admitsByTheNewCount(t, b)
+		})
 	}
-	b, err := Open(ctx, dial(t, srv), name, WithGroup(group))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	_ = a.Close()
-	if err := Delete(ctx, nc, name, WithGroup(group)); err != nil {
-		t.Fatal(err)
-	}
-	a, err = Init(ctx, nc, name, 1, WithGroup(group))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	time.Sleep(configTTL + 100*time.Millisecond)
-	admitsByTheNewCount(t, b, 1)
 }
 
 // admitsByTheNewCount publishes slot 1's token, retired by a count of 1,
 // and checks that b, whose cached count is 2, admits by the count of 1:
 // one permit, then no second.
-func admitsByTheNewCount(t *testing.T, b *Semaphore, want int) {
+func admitsByTheNewCount(t *testing.T, b *Semaphore) {
 	t.Helper()
 	ctx := testContext(t)
 	if got := b.Permits(); got != 2 {
@@ -188,9 +219,77 @@ func admitsByTheNewCount(t *testing.T, b *Semaphore, want int) {
 		if err == nil {
 			_ = q.Release(ctx)
 		}
-		t.Fatalf("a second permit after the count went to 1: TryAcquire = %v, want ErrNoPermit", err)
+		t.Fatalf("a second permit after the count went from 2 to 1: TryAcquire = %v, want ErrNoPermit", err)
 	}
-	if got := b.Permits(); got != want {
-		t.Fatalf("the client counts %d permits after admitting, want %d", got, want)
+	if got := b.Permits(); got != 1 {
+		t.Fatalf("the client counts %d permits after admitting, want 1", got)
+	}
+}
+
+// A Resize to the count a key already has, as a controller re-applying
+// counts makes, leaves the generation alone once a bump covers the count:
+// every bump makes every client of the group read its keys again.
+func TestGroupResizeToTheSameCountKeepsTheGeneration(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	s, err := Init(ctx, dial(t, srv), "gen-same", 2, WithGroup("gen-same-group"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Resize(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.readGeneration(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.seq == 0 {
+		t.Fatal("a Resize to another count did not bump the generation")
+	}
+	for range 3 {
+		if _, err := s.Resize(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after, err := s.readGeneration(ctx); err != nil || after != before {
+		t.Fatalf("generation %+v after Resizes to the same count, %+v before (err %v)", after, before, err)
+	}
+}
+
+// The Inits of a group's keys on one connection look the group's stream
+// and bucket up once (groupShare). If an operator removes them meanwhile,
+// the next Init makes them again rather than failing on what it
+// remembered.
+func TestGroupInitAfterTheGroupWasRemoved(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	const group = "gone-group"
+	nc := dial(t, srv)
+	a, err := Init(ctx, nc, "first", 2, WithGroup(group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Close()
+	if stream, _ := a.group.found(); stream == nil {
+		t.Fatal("the Init did not remember the group's stream; the test needs it to")
+	}
+	if err := a.js.DeleteStream(ctx, GroupStreamName(group)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.js.DeleteKeyValue(ctx, GroupBucketName(group)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Init(ctx, nc, "second", 2, WithGroup(group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	p, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -145,6 +145,12 @@ func WithReplicas(n int) Option {
 // first Init (with that Init's WithReplicas) and stay when its keys are
 // deleted. The name must be valid as a semaphore name is
 // (tokensem.ValidateName). A group holds up to MaxGroupKeys keys.
+//
+// A key's Resize and Delete also write the group's generation record
+// (`_generation` in the group's bucket), by which every client of the group
+// learns that a key's configuration changed: a client reads it at most
+// once per 2 s and connection instead of re-reading each key it uses.
+// Clients of versions before it refuse keys made since.
 func WithGroup(group string) Option {
 	return func(o *options) error {
 		if err := tokensem.ValidateName(group); err != nil {

@@ -21,12 +21,23 @@ import (
 // generation, which Resize moves on after the count (generation.go); if
 // that write fails, Resize returns the error, running it again moves the
 // generation, and until then clients admit by the new count within a
-// minute.
+// minute. Clients need publish permission on the generation's subject
+// ($KV.<GroupBucketName>._generation) as on the bucket's other records.
 //
 // Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
 // broker error.
 func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report, error) {
-	return reconciler.Resize(ctx, s.Inventory(), permits, s.writePermits)
+	r, err := reconciler.Resize(ctx, s.Inventory(), permits, s.writePermits)
+	if errors.Is(err, tokensem.ErrInvalidPermits) || errors.Is(err, tokensem.ErrClosed) {
+		return r, err
+	}
+	// Of a key of a group, clients learn of the count from the group's
+	// generation, bumped after it (generation.go): here, whether the
+	// reconcile went well or not, since the count may be written either way.
+	if aerr := s.announceConfig(ctx); aerr != nil && err == nil {
+		err = aerr
+	}
+	return r, err
 }
 
 // writePermits stores the new permit count under the admin lock, so that
@@ -49,8 +60,7 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 			return fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, s.name)
 		}
 		if cfg.Permits == permits {
-			// Bumped again: a resize whose bump failed is retried so.
-			return s.bumpGeneration(ctx)
+			return nil
 		}
 		old := cfg.Permits
 		cfg.Permits = permits
@@ -65,8 +75,6 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 		}
 		s.setConfig(cfg)
 		s.log.Info("resized", "from", old, "to", permits)
-		// Of a key of a group: after the write, so that a client that reads
-		// the new generation reads the new count (generation.go).
-		return s.bumpGeneration(ctx)
+		return nil
 	}
 }

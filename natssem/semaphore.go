@@ -47,8 +47,8 @@ type Semaphore struct {
 	// with the request timeout (awaitRelease).
 	releaseWait time.Duration
 
-	cfg cfgcache.Cache[config] // as last read; see freshConfig
-	gen *generation            // of the group, shared; nil alone
+	cfg   cfgcache.Cache[config] // as last read; see freshConfig
+	group *groupShare            // of the group on this connection; nil alone
 
 	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
 
@@ -101,6 +101,9 @@ func initSemaphore(ctx context.Context, nc *nats.Conn, name string, permits int,
 				return err
 			}
 			cfg, err = s.createConfig(ctx, permits)
+			if err != nil && s.group != nil {
+				s.group.forget() // found again by the next try
+			}
 			if !errors.Is(err, errRecreate) {
 				return err
 			}
@@ -222,12 +225,12 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 	if lay.grouped() {
 		log = log.With("group", o.group)
 	}
-	var gen *generation
+	var group *groupShare
 	if lay.grouped() {
-		gen = sharedGeneration(nc, lay.bucket)
+		group = sharedGroup(nc, lay.bucket)
 	}
 	return &Semaphore{
-		gen:         gen,
+		group:       group,
 		nc:          nc,
 		js:          js,
 		name:        name,
