@@ -293,3 +293,46 @@ func TestGroupInitAfterTheGroupWasRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A key made before the generation (configuration version 1) keeps the
+// per-key re-read: clients of that version neither bump nor read the
+// generation, so it cannot vouch for the key.
+func TestGroupVersion1KeyReadsItsConfiguration(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	const name, group = "gen-v1", "gen-v1-group"
+	a, err := Init(ctx, dial(t, srv), name, 2, WithGroup(group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	cfg, rev, err := a.readConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Version = configVersion
+	if _, err := a.kv.Update(ctx, a.lay.key(configKey), cfg.encode(), rev); err != nil {
+		t.Fatal(err)
+	}
+	nc := dial(t, srv)
+	b, err := Open(ctx, nc, name, WithGroup(group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if b.config().genKnown {
+		t.Fatal("the generation vouches for a version-1 key")
+	}
+	reads := watchReads(t, srv, nc, group)
+	time.Sleep(configTTL + 100*time.Millisecond)
+	p, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := reads.take(t); got[configKey] != 1 {
+		t.Fatalf("an Acquire past configTTL on a version-1 key read the bucket %v; want its configuration once", got)
+	}
+}
