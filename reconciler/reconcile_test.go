@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,8 +52,17 @@ var backends = []struct {
 	{"amqp", newAMQP},
 }
 
+// fixtureName makes name unique to one fixture, so that a test run again
+// in the same process (-count) meets no semaphore of an earlier run.
+func fixtureName(name string) string {
+	return name + "-" + strconv.FormatInt(fixtures.Add(1), 10)
+}
+
+var fixtures atomic.Int64
+
 func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 	t.Helper()
+	name = fixtureName(name)
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +117,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 	t.Helper()
 	rabbit := brokers.RabbitFor(t)
-	name += "-" + runID
+	name = fixtureName(name) + "-" + runID
 	c, err := amqpsem.Dial(bounded(t), rabbit.URL)
 	if err != nil {
 		t.Fatal(err)
