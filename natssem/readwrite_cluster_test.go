@@ -1,10 +1,14 @@
 package natssem_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
@@ -63,6 +67,63 @@ func TestClusterResizeSeesItsWrite(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("not healthy 5 s after the last resize to 3: %+v, %v", st, err)
+		}
+	}
+}
+
+// TestClusterGroupResizeReachesAnIdleClient: on the 3-node cluster with
+// R3, a key of a group resized through one node reaches a client on
+// another that trusts its cached count by the group's generation
+// (generation.go): past the configuration's 2 s it reads the generation
+// from the bucket's stream leader, finds it moved, and reads the count.
+// Each round the idle client is offered a token of the slot the shrink
+// retired; admitting it by its stale count would make two permits of a
+// semaphore of one.
+func TestClusterGroupResizeReachesAnIdleClient(t *testing.T) {
+	name, group := fmt.Sprintf("gen-%d", time.Now().UnixNano()), "gen-cluster"
+	ctx := semtest.Context(t, 2*time.Minute)
+	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, 2, natssem.WithReplicas(3), natssem.WithGroup(group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for round, node := range []int{1, 2} {
+		nc := connectCluster(t, node)
+		idle, err := natssem.Open(ctx, nc, name, natssem.WithGroup(group))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer idle.Close()
+		if _, err := admin.Resize(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2*time.Second + 200*time.Millisecond)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		retired, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, 1, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, natssem.GroupSubject(group, name), retired); err != nil {
+			t.Fatal(err)
+		}
+		p, err := idle.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q, err := idle.TryAcquire(ctx); !errors.Is(err, tokensem.ErrNoPermit) {
+			if err == nil {
+				_ = q.Release(ctx)
+			}
+			t.Fatalf("round %d (client on node %d): a second permit after a shrink to 1: TryAcquire = %v", round, node, err)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Resize(ctx, 2); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
