@@ -116,6 +116,15 @@ func (s *Semaphore) announceConfig(ctx context.Context) error {
 	return s.bumpGeneration(ctx)
 }
 
+// cachedConfig returns the cached configuration, its age, and whether the
+// group's generation may vouch for it at that age (the one place that
+// decides it: vouchable, and younger than configMaxAge).
+func (s *Semaphore) cachedConfig() (cfg config, age time.Duration, byGen bool) {
+	cfg, at := s.cfg.GetAt()
+	age = time.Since(at)
+	return cfg, age, s.group != nil && cfg.vouchable() && age < configMaxAge
+}
+
 // byGeneration returns the cached configuration while it is younger than
 // configTTL, or while the group's generation vouches for it (see the top
 // of this file).
@@ -123,12 +132,11 @@ func (s *Semaphore) byGeneration(ctx context.Context) (config, bool) {
 	if s.group == nil {
 		return config{}, false
 	}
-	cfg, at := s.cfg.GetAt()
-	age := time.Since(at)
+	cfg, age, byGen := s.cachedConfig()
 	switch {
 	case age < configTTL:
 		return cfg, true
-	case !cfg.vouchable() || age >= configMaxAge:
+	case !byGen:
 		return config{}, false
 	}
 	g, err := s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
@@ -146,14 +154,16 @@ func (c config) vouchable() bool { return c.genKnown && c.State == stateReady }
 // its group's generation, it notes the generation read before it.
 func (s *Semaphore) readCurrentConfig(ctx context.Context) (config, error) {
 	var (
-		g      genValue
-		genErr error = errNoRecord
+		g     genValue
+		noted bool
 	)
 	if s.group != nil {
-		g, genErr = s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
+		var err error
+		g, err = s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
+		noted = err == nil
 	}
 	cfg, _, err := s.readConfig(ctx)
-	if err == nil && genErr == nil && cfg.Version >= configVersionGen {
+	if err == nil && noted && cfg.Version >= configVersionGen {
 		cfg.gen, cfg.genKnown = g, true
 	}
 	return cfg, err
@@ -175,12 +185,11 @@ func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
 // (it will most likely vouch); else the configuration. Call stop before
 // returning.
 func (s *Semaphore) prefetchConfig(ctx context.Context) (stop func()) {
-	cfg, at := s.cfg.GetAt()
-	age := time.Since(at)
+	cfg, age, byGen := s.cachedConfig()
 	if age < configTTL {
 		return func() {}
 	}
-	if s.group != nil && cfg.vouchable() && age < configMaxAge {
+	if byGen {
 		g, gat := s.group.gen.GetAt()
 		switch {
 		case time.Since(gat) >= configTTL:

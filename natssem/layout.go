@@ -79,7 +79,11 @@ func (l layout) slotKey(index int) string { return l.key(slotPrefix + strconv.It
 
 // kvSubject returns the subject of the semaphore's record k in the
 // bucket's stream.
-func (l layout) kvSubject(k string) string { return "$KV." + l.bucket + "." + l.key(k) }
+func (l layout) kvSubject(k string) string { return l.bucketSubject(l.key(k)) }
+
+// bucketSubject returns the subject of the bucket's record key (a full KV
+// key, such as the group's generationKey) in the bucket's stream.
+func (l layout) bucketSubject(key string) string { return "$KV." + l.bucket + "." + key }
 
 // kvStream returns the name of the stream behind the bucket.
 func (l layout) kvStream() string { return "KV_" + l.bucket }

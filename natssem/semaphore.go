@@ -222,11 +222,9 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 	}
 	lay := newLayout(o.group, name)
 	log := o.Logger.With("semaphore", name)
-	if lay.grouped() {
-		log = log.With("group", o.group)
-	}
 	var group *groupShare
 	if lay.grouped() {
+		log = log.With("group", o.group)
 		group = sharedGroup(nc, lay.bucket)
 	}
 	return &Semaphore{
@@ -311,7 +309,7 @@ func (s *Semaphore) readLast(ctx context.Context, key string) ([]byte, uint64, e
 	defer cancel()
 	req := mustMarshal(struct {
 		LastBySubject string `json:"last_by_subj"`
-	}{"$KV." + s.lay.bucket + "." + key})
+	}{s.lay.bucketSubject(key)})
 	m, err := s.nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+s.lay.kvStream(), req)
 	if err != nil {
 		return nil, 0, err

@@ -29,9 +29,8 @@ func (c *Cache[C]) Set(v C) {
 
 // Get returns the stored value, however old.
 func (c *Cache[C]) Get() C {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.v
+	v, _ := c.GetAt()
+	return v
 }
 
 // GetAt returns the stored value and when it was read.
