@@ -1,6 +1,12 @@
 // Package cfgcache holds a semaphore's configuration as a client last read
 // it, and re-reads it once it is older than a TTL, so that every client
 // admits by a resized permit count within that TTL. Both backends use it.
+//
+// A value is stamped with the time its read began, not ended: a read
+// answered before a change but received after it must not look younger
+// than the change. So a value used at time t was read by a request sent
+// after t - TTL, and a change that was complete before then is in it. For
+// the same reason a read never replaces a value whose read began later.
 package cfgcache
 
 import (
@@ -9,8 +15,8 @@ import (
 	"time"
 )
 
-// Cache is a configuration and when it was read. The zero Cache holds the
-// zero value, read never (so Fresh reads). Safe for concurrent use.
+// Cache is a configuration and when its read began. The zero Cache holds
+// the zero value, read never (so Fresh reads). Safe for concurrent use.
 type Cache[C any] struct {
 	mu sync.Mutex
 	v  C
@@ -20,11 +26,20 @@ type Cache[C any] struct {
 	reading chan struct{}
 }
 
-// Set stores v, read now.
-func (c *Cache[C]) Set(v C) {
+// Set stores v as read now. Use it for a value this client made (what an
+// Init wrote); a value read from the broker goes in with SetAt.
+func (c *Cache[C]) Set(v C) { c.SetAt(v, time.Now()) }
+
+// SetAt stores v, whose read began at at, unless the cache holds a value
+// whose read began later; it reports whether v was stored.
+func (c *Cache[C]) SetAt(v C, at time.Time) bool {
 	c.mu.Lock()
-	c.v, c.at = v, time.Now()
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	if at.Before(c.at) {
+		return false
+	}
+	c.v, c.at = v, at
+	return true
 }
 
 // Get returns the stored value, however old.
@@ -33,28 +48,33 @@ func (c *Cache[C]) Get() C {
 	return v
 }
 
-// GetAt returns the stored value and when it was read.
+// GetAt returns the stored value and when its read began.
 func (c *Cache[C]) GetAt() (C, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.v, c.at
 }
 
-// Refresh reads the value with read and stores it.
+// Refresh reads the value with read and stores it. It returns the value
+// it read, or, when a read that began later stored its value first, that
+// newer one.
 func (c *Cache[C]) Refresh(ctx context.Context, read func(context.Context) (C, error)) (C, error) {
+	start := time.Now()
 	v, err := read(ctx)
 	if err != nil {
 		var zero C
 		return zero, err
 	}
-	c.Set(v)
+	if !c.SetAt(v, start) {
+		return c.Get(), nil
+	}
 	return v, nil
 }
 
-// Fresh returns the stored value if it is younger than ttl, else
-// refreshes it. A read Prefetch started is awaited first (bounded by ctx)
-// rather than doubled; if what it stored is still not fresh enough, or it
-// failed, Fresh reads.
+// Fresh returns the stored value if its read began less than ttl ago,
+// else refreshes it. A read Prefetch started is awaited first (bounded by
+// ctx) rather than doubled; if what it stored is still not fresh enough,
+// or it failed, Fresh reads.
 func (c *Cache[C]) Fresh(ctx context.Context, ttl time.Duration, read func(context.Context) (C, error)) (C, error) {
 	c.mu.Lock()
 	v, at, reading := c.v, c.at, c.reading
@@ -82,10 +102,11 @@ func (c *Cache[C]) Fresh(ctx context.Context, ttl time.Duration, read func(conte
 // Prefetch starts reading the value in the background when Fresh would
 // read it now (it is ttl old or more) and no prefetch is under way, so
 // that the read overlaps whatever the caller does before it needs the
-// value (an Acquire: its pull). The value keeps the time its read ended,
-// so Fresh's TTL holds exactly as without a prefetch. stop cancels the
-// read if it is still running and waits for its goroutine; call it before
-// returning. Without a read to start, stop does nothing.
+// value (an Acquire: its pull). The value is stamped with the time its
+// read began, as Refresh stamps it, so Fresh's TTL holds exactly as without
+// a prefetch. stop cancels the read if it is still running and waits for
+// its goroutine; call it before returning. Without a read to start, stop
+// does nothing.
 func (c *Cache[C]) Prefetch(ctx context.Context, ttl time.Duration, read func(context.Context) (C, error)) (stop func()) {
 	c.mu.Lock()
 	if c.reading != nil || time.Since(c.at) < ttl {
@@ -98,13 +119,14 @@ func (c *Cache[C]) Prefetch(ctx context.Context, ttl time.Duration, read func(co
 	rctx, cancel := context.WithCancel(ctx)
 	go func() {
 		defer close(reading)
+		start := time.Now()
 		v, err := read(rctx)
-		c.mu.Lock()
-		defer c.mu.Unlock()
 		if err == nil {
-			c.v, c.at = v, time.Now()
+			c.SetAt(v, start)
 		}
+		c.mu.Lock()
 		c.reading = nil
+		c.mu.Unlock()
 	}()
 	return func() {
 		cancel()

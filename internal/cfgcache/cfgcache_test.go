@@ -106,3 +106,69 @@ func TestPrefetchStopAndFailure(t *testing.T) {
 		t.Fatalf("Fresh after a failed prefetch = %d, %v; want 8", v, err)
 	}
 }
+
+// A value is as old as the request that read it: a read that took longer
+// than the TTL stores a value that is stale at once, so the next Fresh
+// reads again (stamped when the read ended, it would be trusted for a
+// whole TTL more than its read can vouch for).
+func TestStampedWhenTheReadBegan(t *testing.T) {
+	ctx := t.Context()
+	const ttl = 50 * time.Millisecond
+	var c Cache[int]
+	slow := func(context.Context) (int, error) { time.Sleep(2 * ttl); return 1, nil }
+	before := time.Now()
+	if _, err := c.Refresh(ctx, slow); err != nil {
+		t.Fatal(err)
+	}
+	if _, at := c.GetAt(); at.After(before.Add(ttl)) {
+		t.Fatalf("value stamped %v after the read began, want the start", at.Sub(before))
+	}
+	reads := 0
+	if v, _ := c.Fresh(ctx, ttl, func(context.Context) (int, error) { reads++; return 2, nil }); v != 2 || reads != 1 {
+		t.Fatalf("Fresh after a read longer than the TTL = %d after %d reads, want a new read", v, reads)
+	}
+
+	// The same through Prefetch.
+	c = Cache[int]{}
+	stop := c.Prefetch(ctx, 0, slow)
+	stop()
+	reads = 0
+	if v, _ := c.Fresh(ctx, ttl, func(context.Context) (int, error) { reads++; return 3, nil }); v != 3 || reads != 1 {
+		t.Fatalf("Fresh after a slow prefetch = %d after %d reads, want a new read", v, reads)
+	}
+}
+
+// A read that began before another never replaces that other's value,
+// whichever ends first.
+func TestOlderReadNeverReplacesNewer(t *testing.T) {
+	ctx := t.Context()
+	var c Cache[int]
+	inOld, releaseOld := make(chan struct{}), make(chan struct{})
+	oldDone := make(chan int)
+	go func() {
+		v, err := c.Refresh(ctx, func(context.Context) (int, error) {
+			close(inOld)
+			<-releaseOld
+			return 1, nil // what the broker said before the change
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		oldDone <- v
+	}()
+	<-inOld
+	time.Sleep(time.Millisecond) // the newer read begins strictly later
+	if v, err := c.Refresh(ctx, func(context.Context) (int, error) { return 2, nil }); err != nil || v != 2 {
+		t.Fatalf("newer Refresh = %d, %v", v, err)
+	}
+	close(releaseOld)
+	if v := <-oldDone; v != 2 {
+		t.Fatalf("the older Refresh returned %d, want the newer value 2", v)
+	}
+	if v := c.Get(); v != 2 {
+		t.Fatalf("stored %d after an older read ended last, want 2", v)
+	}
+	if c.SetAt(0, time.Now().Add(-time.Hour)) || c.Get() != 2 {
+		t.Fatalf("SetAt of an older read replaced the value")
+	}
+}
