@@ -82,7 +82,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if noWait {
 		// After taking the waiter: a token that reached it while idle
 		// was handed back, and that hand-back is waited for too.
-		s.returned.wait(ctx, s.opts.RequestTimeout)
+		s.returned.wait(ctx, s.requestTimeout())
 	}
 
 	// A queued pull hears a heartbeat every heartbeat interval. The first
@@ -207,7 +207,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					if unanswered.IsZero() {
 						unanswered = time.Now()
 					}
-					if time.Since(unanswered) > s.opts.RequestTimeout {
+					if time.Since(unanswered) > s.requestTimeout() {
 						err := s.checkConsumer(ctx)
 						if err == nil {
 							err = wrapBrokerErr(fmt.Errorf("%s: no consumer answers: %w", s.name, nats.ErrNoResponders))

@@ -111,7 +111,7 @@ func (s *Semaphore) nextScanned(ctx context.Context, msgs <-chan *nats.Msg) (*na
 func (s *Semaphore) Status(ctx context.Context) (st tokensem.Status, err error) {
 	err = s.retry(ctx, "status", func() error {
 		st, err = s.status(ctx)
-		if transient(err) && answered(err) && s.gone(ctx, time.Now().Add(s.opts.RequestTimeout)) {
+		if transient(err) && answered(err) && s.gone(ctx, time.Now().Add(s.requestTimeout())) {
 			// A handle of a deleted semaphore is answered "no responders".
 			return fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
 		}
@@ -191,7 +191,7 @@ func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
 	now := info.TimeStamp.Add(testhook.ServerClockAhead()) // as serverNow
 	held := 0
 	for idx, sl := range slots {
-		if idx < cfg.Permits && sl.live(now, cfg.Lease) {
+		if idx < cfg.Permits && sl.heldIn(cfg, now) {
 			held++
 		}
 	}

@@ -38,7 +38,7 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 		return nil, nil // not a JetStream delivery
 	}
 	seq := meta.Sequence.Stream
-	tok, err := s.admit(ctx, m.Data)
+	tok, cfg, err := s.admit(ctx, m.Data)
 	if err != nil {
 		if errors.Is(err, reconciler.ErrNotCurrent) {
 			s.discard(ctx, m, seq, err)
@@ -48,10 +48,10 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 		return nil, err
 	}
 	holder := ids.New() // unique id of this acquire
-	lease := s.config().Lease
+	lease := cfg.Lease  // of the token's own life (admit)
 	d := delivery{tok: tok, reply: m.Reply, seq: seq, delivered: meta.NumDelivered, holder: holder}
 
-	cur, ok := s.slots.cached(tok.Index, seq, meta.NumDelivered)
+	cur, ok := s.slots.cached(tok.Index, tok.Epoch, seq, meta.NumDelivered)
 	for attempt := 0; attempt < 5; attempt++ {
 		if !ok {
 			cur, err = s.slots.read(ctx, tok.Index)
@@ -61,49 +61,75 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 			}
 		}
 		ok = false // any retry reads the record afresh
-		if cur.rec.Deleted {
-			// Delete closed the slot: the semaphore goes away, or comes
-			// back if the delete is refused. Wait on either way.
-			s.log.Debug("delivery of a token of a slot being deleted; stepping away", "index", tok.Index)
-			s.holdBack(m)
-			return nil, nil
-		}
-		if !cur.rec.free() {
-			now, err := s.serverNow(ctx)
-			if err != nil {
+		leftover := false
+		if cur.rev != 0 && !cur.byHolderOf(tok.Epoch) {
+			// Not written by a holder of this token's life: a record of
+			// another life, or one an admin path or an unconfirmed claim
+			// wrote (see lifeChecked). Is the token's life the current one?
+			current, err := s.currentLife(ctx, tok.Epoch)
+			switch {
+			case err != nil:
 				s.giveBack(m)
 				return nil, err
-			}
-			if cur.live(now, lease) {
-				if cur.rec.Seq == seq {
-					// Most often its holder released it and this read
-					// came from a replica that has not applied the free
-					// write yet (awaitRelease).
-					if gaveUp != nil {
-						s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
-						next, changed, err := s.awaitRelease(ctx, gaveUp, tok.Index, cur)
-						switch {
-						case err != nil:
-							s.giveBack(m)
-							return nil, err
-						case changed:
-							cur, ok = next, true
-							continue
-						case chanClosed(gaveUp):
-							s.giveBack(m) // the caller left: hand it on
-							return nil, nil
-						}
-					}
-					s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", cur.rec.Owner)
-					return nil, nil
-				}
-				s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", cur.rec.Seq)
-				s.deleteDuplicate(ctx, seq)
+			case !current:
+				s.discard(ctx, m, seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
 				return nil, nil
 			}
-			s.log.Info("taking over the slot of a silent holder", "index", tok.Index, "holder", cur.rec.Owner, "silent", now.Sub(cur.written))
+			// The record of another life is a leftover of a client that
+			// acted on an ended life: it binds nobody. The compare-and-set
+			// below replaces it only if it is still there, in this life's
+			// records (revisions never repeat across lives).
+			leftover = !cur.ofLife(tok.Epoch)
 		}
-		d.rec = record{Holder: holder, Owner: s.opts.HolderName, Seq: seq, Token: tok.ID}
+		if !leftover {
+			if cur.rec.Deleted {
+				// Delete closed the slot: the semaphore goes away, or comes
+				// back if the delete is refused. Wait on either way.
+				s.log.Debug("delivery of a token of a slot being deleted; stepping away", "index", tok.Index)
+				s.holdBack(m)
+				return nil, nil
+			}
+			if !cur.rec.free() {
+				now, err := s.serverNow(ctx)
+				if err != nil {
+					s.giveBack(m)
+					return nil, err
+				}
+				if cur.live(now, lease) {
+					if cur.rec.Seq == seq {
+						// Most often its holder released it and this read
+						// came from a replica that has not applied the free
+						// write yet (awaitRelease).
+						if gaveUp != nil {
+							s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
+							next, changed, err := s.awaitRelease(ctx, gaveUp, tok.Index, cur)
+							switch {
+							case err != nil:
+								s.giveBack(m)
+								return nil, err
+							case changed:
+								cur, ok = next, true
+								continue
+							case chanClosed(gaveUp):
+								s.giveBack(m) // the caller left: hand it on
+								return nil, nil
+							}
+						}
+						s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", cur.rec.Owner)
+						return nil, nil
+					}
+					s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", cur.rec.Seq)
+					s.deleteDuplicate(ctx, seq)
+					return nil, nil
+				}
+				s.log.Info("taking over the slot of a silent holder", "index", tok.Index, "holder", cur.rec.Owner, "silent", now.Sub(cur.written))
+			}
+		}
+		// A record never written cannot tell which life its bucket is in:
+		// the claim is written as unconfirmed and confirmed after (see
+		// lifeChecked).
+		unconfirmed := cur.rev == 0
+		d.rec = record{Epoch: tok.Epoch, Holder: holder, Owner: s.opts.HolderName, Seq: seq, Token: tok.ID, Pending: unconfirmed}
 		d.sent = time.Now()
 		// A write answered after the last useful instant makes no permit:
 		// wait for it no longer than that.
@@ -112,7 +138,12 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 		cancel()
 		switch {
 		case err == nil:
-			if !cur.rec.free() && cur.rec.Seq != seq {
+			if unconfirmed {
+				if done, err := s.confirmClaim(ctx, m, &d, rev); done || err != nil {
+					return nil, err
+				}
+			}
+			if !leftover && !cur.rec.free() && cur.rec.Seq != seq {
 				s.deleteDuplicate(ctx, cur.rec.Seq) // the silent holder's copy is now a duplicate
 			}
 			return s.won(ctx, m, d, rev, lease)
@@ -124,6 +155,11 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 			got, rerr := s.slots.read(rctx, tok.Index)
 			cancel()
 			switch {
+			case rerr == nil && got.rec.Holder == holder && unconfirmed:
+				if done, err := s.confirmClaim(ctx, m, &d, got.rev); done || err != nil {
+					return nil, err
+				}
+				return s.won(ctx, m, d, got.rev, lease)
 			case rerr == nil && got.rec.Holder == holder:
 				return s.won(ctx, m, d, got.rev, lease)
 			case rerr == nil:
@@ -135,6 +171,79 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 		}
 	}
 	return nil, nil
+}
+
+// The lives of a semaphore's slot records (lifeChecked).
+//
+// A Delete ends a life and an Init begins the next, while clients that
+// read the old configuration may still be admitting its tokens, or be
+// paused between admitting a token and claiming its slot. The records of
+// the new life are in a new bucket (a semaphore of its own) or under the
+// key's purged and rewritten records (a key of a group), so a claim's
+// compare-and-set against a revision it read can only land in the life it
+// read it from: revisions never repeat across lives (the bucket's
+// sequence starts above the previous life's; see createResources). Two
+// cases are left, and a claim checks the configuration (currentLife, a
+// read from the bucket's stream leader) in each:
+//   - the record was not written by a permit holder of the token's life
+//     (byHolderOf): a record of another life, or one an admin path wrote
+//     (a reconcile's issue, a delete), or an unconfirmed claim. The check
+//     comes before the claim's write; a token of an ended life is removed,
+//     and a record of an ended life is replaced as if free.
+//   - the record was never written (revision 0): a write that creates it
+//     could land in any life. The claim writes it marked Pending and
+//     checks after (confirmClaim); if its life has ended it writes the
+//     record over as belonging to no life (epoch 0) and removes the token.
+//     The holder's first renewal clears the mark.
+// A permit is therefore only ever handed out in the token's own life, by
+// its own configuration's count and lease.
+
+// byHolderOf reports whether the entry was written by a permit holder of
+// the life epoch names: a claim, renewal or release (which wrote Holder or
+// By with a holder's id), confirmed. Records a reconcile or a Delete wrote
+// name no holder of their own.
+func (e slotEntry) byHolderOf(epoch uint64) bool {
+	return e.rev != 0 && e.rec.Epoch == epoch && !e.rec.Pending && (e.rec.Holder != "" || ids.Valid(e.rec.By))
+}
+
+// currentLife reports whether epoch is the life of the semaphore's
+// current configuration, read afresh from the bucket's stream leader (and
+// cached: a handle that meets a newer life adopts its configuration). A
+// semaphore with no configuration has no current life.
+func (s *Semaphore) currentLife(ctx context.Context, epoch uint64) (bool, error) {
+	cfg, err := s.refreshConfig(ctx)
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return cfg.Epoch == epoch, nil
+}
+
+// confirmClaim checks, after a claim created the slot's record at rev
+// (marked Pending), that the token's life is the current one. done is true
+// when it is not (or cannot be told): the record is written over as
+// belonging to no life, the token is removed (an ended life) or handed on
+// (an error), and the claim makes no permit. Otherwise the permit's
+// renewals write the record unmarked.
+func (s *Semaphore) confirmClaim(ctx context.Context, m *nats.Msg, d *delivery, rev uint64) (done bool, err error) {
+	current, err := s.currentLife(ctx, d.tok.Epoch)
+	if err == nil && current {
+		d.rec.Pending = false
+		return false, nil
+	}
+	// No life's: whoever reads it next checks the configuration.
+	if _, uerr := s.slots.cas(context.WithoutCancel(ctx), d.tok.Index, record{Seq: d.seq, By: "unclaimed"}, rev, 0); uerr != nil {
+		s.log.Warn("could not undo an unconfirmed claim; it ages out in a lease", "index", d.tok.Index, "err", uerr)
+	}
+	if err != nil {
+		s.giveBack(m)
+		return true, err
+	}
+	s.log.Info("a token of an ended life claimed a record of the current one; undone", "index", d.tok.Index, "epoch", d.tok.Epoch)
+	s.discard(ctx, m, d.seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
+	return true, nil
 }
 
 // awaitRelease waits for a slot record that a delivery of the very token
@@ -171,7 +280,7 @@ func (s *Semaphore) awaitRelease(ctx context.Context, gaveUp <-chan struct{}, in
 // Permit.write): 100 µs doubling to 20 ms, jittered, for up to the request
 // timeout or s.releaseWait, whichever is shorter.
 func (s *Semaphore) replicaWait() (time.Duration, backoff.Backoff) {
-	return min(s.opts.RequestTimeout, s.releaseWait), backoff.Backoff{Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}
+	return min(s.requestTimeout(), s.releaseWait), backoff.Backoff{Min: 100 * time.Microsecond, Max: 20 * time.Millisecond}
 }
 
 // maxReleaseWait bounds awaitRelease: far longer than a replica takes to
@@ -212,7 +321,7 @@ func (d delivery) lastUseful(lease time.Duration) time.Time {
 func (s *Semaphore) won(ctx context.Context, m *nats.Msg, d delivery, rev uint64, lease time.Duration) (*Permit, error) {
 	if late := time.Since(d.lastUseful(lease)); late > 0 {
 		s.log.Warn("claim answered too late to hold the permit; handing the token on", "index", d.tok.Index, "late", late)
-		free := record{Seq: d.seq, Token: d.tok.ID, By: d.holder}
+		free := record{Epoch: d.tok.Epoch, Seq: d.seq, Token: d.tok.ID, By: d.holder}
 		if _, err := s.slots.cas(context.WithoutCancel(ctx), d.tok.Index, free, rev, d.delivered); err == nil {
 			s.giveBack(m)
 		}
@@ -229,17 +338,30 @@ func (s *Semaphore) won(ctx context.Context, m *nats.Msg, d delivery, rev uint64
 }
 
 // admit checks a delivered token against the configuration (see
-// reconciler.Admit): a token that is not a current one of this semaphore
-// is an error wrapping reconciler.ErrNotCurrent.
-func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, error) {
-	return reconciler.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
+// reconciler.Admit) and returns it with the configuration it was admitted
+// by: that of the token's own life. A token whose epoch or index the cached
+// configuration does not know is checked again against one read afresh, so
+// a handle that meets a newer life (or a grown count) adopts it first. A
+// token that is not a current one of this semaphore is an error wrapping
+// reconciler.ErrNotCurrent.
+func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, config, error) {
+	var cfg config
+	tok, err := reconciler.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
 		read := s.freshConfig
 		if fresh {
 			read = s.refreshConfig
 		}
-		cfg, err := read(ctx)
-		return cfg.Permits, cfg.Epoch, err
+		c, err := read(ctx)
+		cfg = c
+		return c.Permits, c.Epoch, err
 	})
+	if err != nil {
+		return tokensem.Token{}, config{}, err
+	}
+	if err := s.opts.checkRequestTimeout(cfg.Lease); err != nil {
+		return tokensem.Token{}, config{}, err
+	}
+	return tok, cfg, nil
 }
 
 // discard removes a delivery that can never be a permit (junk, forged, of

@@ -13,21 +13,22 @@ const configKey = "config"
 // config is the semaphore's definition, stored under configKey. Every
 // client reads it at Open; Init creates it exactly once.
 type config struct {
-	Version  int           `json:"v"`
-	Permits  int           `json:"permits"`
-	Lease    time.Duration `json:"lease_ns"`
-	Epoch    uint64        `json:"epoch"`
-	KeyCheck string        `json:"key_check,omitempty"`
+	Version int           `json:"v"`
+	Permits int           `json:"permits"`
+	Lease   time.Duration `json:"lease_ns"`
+	// Epoch names this life of the semaphore, from the Init that created
+	// it to the Delete that ends it: a random number (ids.Epoch) no other
+	// life of the name shares. Its tokens carry it and its slot records
+	// name it, so that a client still holding an earlier life's
+	// configuration cannot admit by it (see admit and claim).
+	Epoch    uint64 `json:"epoch"`
+	KeyCheck string `json:"key_check,omitempty"`
 	// State is stateSeeding while the creator publishes the tokens,
 	// stateReady afterwards, and stateDeleting while Delete runs (see
 	// delete.go); Open refuses a semaphore that is not ready.
 	State   string `json:"state"`
 	Seeder  string `json:"seeder,omitempty"`
 	Created int64  `json:"created_unix_ms"`
-	// Life is a random id the configuration's creator gives it, kept for
-	// the semaphore's whole life (a seeding taken over keeps it): in a
-	// group the IDs of the tokens it publishes name it (see layout.msgID).
-	Life string `json:"life,omitempty"`
 	// Deleting is when Delete marked the semaphore (client clock), for
 	// whoever reads the bucket.
 	Deleting int64 `json:"deleting_unix_ms,omitempty"`

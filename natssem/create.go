@@ -25,6 +25,18 @@ import (
 // consumer and the KV bucket. In a group they are the group's stream and
 // bucket, and the key's consumer is made by the creator of its
 // configuration (prepareKey).
+//
+// A bucket's sequence, whose numbers are the slot records' revisions and
+// so the permits' fences, starts at the server's clock in microseconds
+// when the bucket is made (bucketConfig): fences of a name never go back
+// when it is deleted and made again, or when an operator removes a group's
+// bucket by hand, as long as the server's clock does not step back by more
+// than the time between the two lives and a bucket takes fewer than one
+// write a microsecond (a JetStream stream takes far fewer). A token stream
+// made anew starts at this client's clock in microseconds, so that token
+// sequences of an earlier life are not reused either (a best effort: a
+// sequence read in an ended life is only ever used to delete a duplicate,
+// and the records, which carry the life, decide who holds).
 func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	if s.group != nil {
 		// Found by an earlier Init of the group on this connection.
@@ -46,6 +58,7 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 		Discard:     jetstream.DiscardOld,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
+		FirstSeq:    microseconds(time.Now()),
 	}
 	var (
 		stream jetstream.Stream
@@ -58,6 +71,7 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 	}
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+		// Made by another Init (with its own first sequence), or earlier.
 		stream, err = s.js.Stream(rctx, s.lay.stream)
 		if err != nil {
 			return wrapBrokerErr(err)
@@ -71,36 +85,79 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 			return err
 		}
 	}
-	kc := jetstream.KeyValueConfig{
-		Bucket:      s.lay.bucket,
-		Description: "tokensem config and slot leases of " + s.name,
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    s.opts.replicas,
-	}
-	if s.lay.grouped() {
-		kc.Description = "tokensem config and slot leases of group " + s.lay.group
-	}
 	var kv jetstream.KeyValue
 	if s.lay.grouped() {
-		// Most keys join a group whose bucket exists: one lookup, where
-		// creating asks for the account's limits first and then creates.
+		// Most keys join a group whose bucket exists: one lookup.
 		kv, err = s.js.KeyValue(rctx, s.lay.bucket)
 	}
+	created := false
 	if !s.lay.grouped() || errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = s.js.CreateKeyValue(rctx, kc)
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = s.js.KeyValue(rctx, s.lay.bucket)
-		}
+		// The stream's info carries the server's clock.
+		kv, created, err = s.createBucket(rctx, microseconds(stream.CachedInfo().TimeStamp))
 	}
 	if err != nil {
 		return wrapBrokerErr(err)
 	}
 	s.setBucket(kv)
+	if created && s.lay.grouped() {
+		// A new group bucket starts with a generation of its own, so that
+		// no client's cached generation of an earlier bucket of the name
+		// can match it (generation.go).
+		if err := s.bumpGeneration(ctx); err != nil {
+			return err
+		}
+	}
 	if s.group != nil {
 		s.group.remember(stream, kv)
 	}
 	return nil
+}
+
+// microseconds returns t as a stream sequence: microseconds since 1970,
+// below 2^53 until the year 2255.
+func microseconds(t time.Time) uint64 { return uint64(max(t.UnixMicro(), 1)) }
+
+// createBucket creates the KV bucket, starting its sequence at first, or
+// finds it (created false) if it exists. It makes the bucket's stream
+// itself, as jetstream.CreateKeyValue would but with a first sequence
+// (KeyValueConfig has none): bucketConfig.
+func (s *Semaphore) createBucket(ctx context.Context, first uint64) (jetstream.KeyValue, bool, error) {
+	_, err := s.js.CreateStream(ctx, s.bucketConfig(first))
+	created := err == nil
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil, false, err
+	}
+	kv, err := s.js.KeyValue(ctx, s.lay.bucket)
+	return kv, created, err
+}
+
+// bucketConfig is the configuration of the KV bucket's stream: what
+// jetstream.CreateKeyValue makes of a KeyValueConfig with History 1, file
+// storage and s.opts.replicas (nats.go 1.55, kv.go, prepareKeyValueConfig),
+// plus its first sequence.
+func (s *Semaphore) bucketConfig(first uint64) jetstream.StreamConfig {
+	desc := "tokensem config and slot leases of " + s.name
+	if s.lay.grouped() {
+		desc = "tokensem config and slot leases of group " + s.lay.group
+	}
+	return jetstream.StreamConfig{
+		Name:              s.lay.kvStream(),
+		Description:       desc,
+		Subjects:          []string{s.lay.bucketSubject(">")},
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          -1,
+		MaxMsgSize:        -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          max(s.opts.replicas, 1),
+		AllowRollup:       true,
+		DenyDelete:        true,
+		Duplicates:        2 * time.Minute,
+		AllowDirect:       true,
+		Discard:           jetstream.DiscardNew,
+		FirstSeq:          first,
+	}
 }
 
 // createGroupStream finds the group's stream, or creates it. Unlike a lone
@@ -234,9 +291,9 @@ const seedStallTimeout = 30 * time.Second
 func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, error) {
 	me := s.seeder
 	want := config{
-		Version: s.lay.configVersion(), Permits: permits, Lease: s.opts.Lease, Epoch: 1,
+		Version: s.lay.configVersion(), Permits: permits, Lease: s.opts.Lease, Epoch: ids.Epoch(),
 		KeyCheck: s.codec.KeyCheck(), State: stateSeeding, Seeder: me,
-		Created: time.Now().UnixMilli(), Life: ids.New(),
+		Created: time.Now().UnixMilli(),
 	}
 	for {
 		rctx, cancel := s.rtt(ctx)
@@ -327,7 +384,7 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 			if err != nil {
 				return config{}, err
 			}
-			id := s.lay.msgID(s.name, cfg.Life, s.name+"."+strconv.FormatUint(cfg.Epoch, 10)+"."+strconv.Itoa(i))
+			id := s.lay.msgID(s.name, cfg.Epoch, s.name+"."+strconv.FormatUint(cfg.Epoch, 10)+"."+strconv.Itoa(i))
 			msgs = append(msgs, &nats.Msg{Subject: s.lay.subject, Data: b, Header: nats.Header{jetstream.MsgIDHeader: []string{id}}})
 		}
 		if err := s.publishAll(ctx, msgs); err != nil {

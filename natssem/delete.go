@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
 	"github.com/tokensem/tokensem/reconciler"
 )
@@ -107,7 +108,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 	cancel()
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) && s.lay.grouped():
-		return s.removeKey(ctx, true)
+		return s.removeKey(ctx, true, func(context.Context) error { return nil })
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 		// Nothing to check; a stream left by a creation cut short goes too.
 		return s.deleteStream(ctx, true)
@@ -141,7 +142,9 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 		return err
 	}
 	defer func() {
-		if err != nil && !*removed {
+		// A delete whose lock was taken over leaves the semaphore to the
+		// lock's new holder.
+		if err != nil && !*removed && h.held() == nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if rerr := s.reopen(rctx); rerr != nil {
@@ -160,7 +163,7 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 	if err := s.bumpGeneration(ctx); err != nil {
 		return err
 	}
-	wait, err := s.closeSlots(ctx, cfg, force)
+	wait, err := s.closeSlots(ctx, cfg, force, h.held)
 	if err != nil {
 		return err
 	}
@@ -170,11 +173,11 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 			return err
 		}
 	}
-	if err := h.held(); err != nil {
+	if err := h.confirm(ctx); err != nil {
 		return err
 	}
 	*removed = true // from here on, what a later try does not find is gone
-	if err := s.removeResources(ctx); err != nil {
+	if err := s.removeResources(ctx, h.confirm); err != nil {
 		return err
 	}
 	h.abandon() // the lock record went with the bucket (or the key's records)
@@ -183,12 +186,17 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 }
 
 // removeResources is step 4: the token stream, then the bucket; of a key
-// of a group, the key's share of them (removeKey).
-func (s *Semaphore) removeResources(ctx context.Context) error {
+// of a group, the key's share of them (removeKey). Each removal comes
+// right after confirm (the admin lock's: see lock.go), which stops the
+// delete if the lock was taken over.
+func (s *Semaphore) removeResources(ctx context.Context, confirm func(context.Context) error) error {
 	if s.lay.grouped() {
-		return s.removeKey(ctx, false)
+		return s.removeKey(ctx, false, confirm)
 	}
 	if err := s.deleteStream(ctx, false); err != nil {
+		return err
+	}
+	if err := confirm(ctx); err != nil {
 		return err
 	}
 	rctx, cancel := s.rtt(ctx)
@@ -208,7 +216,7 @@ func (s *Semaphore) markDeleting(ctx context.Context) (config, error) {
 		cfg, rev, err := s.readConfig(ctx)
 		switch {
 		case errors.Is(err, tokensem.ErrNotInitialized):
-			cfg = config{Version: s.lay.configVersion(), Permits: 1, Lease: s.opts.Lease, Epoch: 1, Created: time.Now().UnixMilli()}
+			cfg = config{Version: s.lay.configVersion(), Permits: 1, Lease: s.opts.Lease, Epoch: ids.Epoch(), Created: time.Now().UnixMilli()}
 			rev = 0
 		case err != nil:
 			return config{}, err
@@ -247,7 +255,7 @@ func (s *Semaphore) markDeleting(ctx context.Context) (config, error) {
 // The slots closed are those of the configuration, of every record, and of
 // every token in the stream: a client whose cached configuration predates
 // a shrink may still claim a slot above the permit count.
-func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool) (time.Duration, error) {
+func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool, locked func() error) (time.Duration, error) {
 	slots, err := s.slots.readAll(ctx)
 	if err != nil {
 		return 0, err
@@ -263,7 +271,7 @@ func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool) (tim
 	var held []int
 	for idx, sl := range slots {
 		n = max(n, idx+1)
-		if sl.live(now, cfg.Lease) {
+		if sl.heldIn(cfg, now) {
 			held = append(held, idx)
 		}
 	}
@@ -285,17 +293,26 @@ func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool) (tim
 	for idx := range n {
 		sl := slots[idx] // zero: never written, revision 0
 		for {
-			if sl.live(now, cfg.Lease) {
+			if err := locked(); err != nil {
+				return 0, err // the admin lock's held (lock.go)
+			}
+			if sl.heldIn(cfg, now) {
 				if !force {
 					return 0, heldError(s.name, []int{idx}, cfg.Lease)
 				}
 				until = later(until, sl.written.Add(cfg.Lease))
 			}
-			if sl.rec.Deleted {
+			if sl.rec.Deleted && sl.ofLife(cfg.Epoch) {
 				break
 			}
 			closed := sl.rec
-			closed.Deleted = true
+			if !sl.ofLife(cfg.Epoch) {
+				// A leftover of another life binds nobody; closed, it is
+				// this life's (a claim of this life passes over a record
+				// of another: see claim.go, lifeChecked).
+				closed = record{}
+			}
+			closed.Deleted, closed.Epoch = true, cfg.Epoch
 			newRev, err := s.slots.cas(ctx, idx, closed, sl.rev, 0)
 			if err == nil {
 				if !closed.free() {
@@ -434,8 +451,8 @@ func (s *Semaphore) deleteStream(ctx context.Context, onlyThis bool) error {
 // delivered any more; waiting pulls end), the tokens on its subject (see
 // clearTokens), then its records, the configuration among them, in one
 // purge of the bucket's stream. With onlyThis, finding none of it is
-// ErrNotInitialized.
-func (s *Semaphore) removeKey(ctx context.Context, onlyThis bool) error {
+// ErrNotInitialized. confirm runs before the purge (see removeResources).
+func (s *Semaphore) removeKey(ctx context.Context, onlyThis bool, confirm func(context.Context) error) error {
 	rctx, cancel := s.rtt(ctx)
 	err := s.js.DeleteConsumer(rctx, s.lay.stream, s.lay.consumer)
 	cancel()
@@ -456,6 +473,9 @@ func (s *Semaphore) removeKey(ctx context.Context, onlyThis bool) error {
 	}
 	// The bucket's stream has no consumers but watchers, so one purge of
 	// the key's records is cheap there.
+	if err := confirm(ctx); err != nil {
+		return err
+	}
 	rctx, cancel = s.rtt(ctx)
 	defer cancel()
 	kvStream, err := s.js.Stream(rctx, s.lay.kvStream())
@@ -482,7 +502,7 @@ var errDeleted = errors.New("natssem: the semaphore was deleted")
 func (s *Semaphore) gone(ctx context.Context, deadline time.Time) bool {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	rctx, cancel = context.WithTimeout(rctx, s.opts.RequestTimeout)
+	rctx, cancel = context.WithTimeout(rctx, s.requestTimeout())
 	defer cancel()
 	if s.lay.grouped() {
 		_, err := s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)

@@ -6,7 +6,7 @@
 //     "holders", whose ack wait is the lease;
 //   - the KV bucket tokensem_NAME holding the configuration (key "config":
 //     permits, lease, epoch, signing-key check) and one lease record per slot
-//     (key "slot.I").
+//     (key "slot.I"), and the admin lock (key "lock").
 //
 // # Protocol
 //
@@ -56,6 +56,33 @@
 // compare-and-set plus a one-way Nak (see BenchmarkCycle and
 // BenchmarkHandoff).
 //
+// # Lives and fences
+//
+// A semaphore lives from the Init that creates it to the Delete that ends
+// it; an Init of the name after that begins another life, perhaps with
+// another count and lease, while clients that opened the old one keep
+// their handles. A life is an identity: its configuration's epoch, a random
+// number (below 2^53) no other life of the name shares. Its tokens carry
+// it and its slot records name it. A delivered token is admitted only by
+// the configuration of its own life (a handle whose cached configuration
+// is of another life reads it again first, and adopts it), and its claim
+// uses that life's lease. A record written in another life binds nobody;
+// a claim that cannot tell which life a record belongs to (one it creates,
+// or one an admin path wrote) checks the configuration on the bucket's
+// stream leader before it makes a permit, and undoes its write if its
+// token's life has ended (claim.go). So a permit is only ever handed out
+// in its token's life, by that life's count and lease.
+//
+// Fences are the slot records' revisions, which are the bucket's stream
+// sequence. A bucket made for a new life (or a group's bucket an operator
+// removed and Init made again) starts its sequence at the server's clock
+// in microseconds, so a name's fences never go back across lives, as long
+// as the server's clock (of whichever node answers Init) does not step
+// back by more than the time between the two lives. A key of a group keeps
+// its group's bucket, whose sequence only grows. Within a life, every claim
+// writes its slot's record, so fences grow with every change of hands,
+// across repairs and resizes.
+//
 // # Clocks
 //
 // A takeover compares two server timestamps: the time the server stamped
@@ -104,6 +131,13 @@
 // slot, closes every slot record by compare-and-set so that no claim can
 // win meanwhile, then removes the stream and the bucket (see delete.go);
 // an Init of the name waits for it, then creates the semaphore afresh.
+// The admin lock (which Resize and reconcile runs take too) fences what its
+// holder does: it believes it holds the lock only until a fifth of the
+// lock's TTL before anyone could take it over, its record writes are
+// compare-and-sets on revisions that never repeat across lives, and each
+// removal follows a renewal written by compare-and-set. Only a process
+// frozen for longer than that fifth between such a renewal and the removal
+// it sends can remove what it no longer owns.
 // ForceDelete closes held slots too: a holder learns it at its next
 // renewal, and ForceDelete waits until its lease has run out. A waiter
 // learns it when its pull is refused.

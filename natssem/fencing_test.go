@@ -23,6 +23,16 @@ func initNATS(t *testing.T, name string, permits int, opts ...natssem.Option) *n
 	return s
 }
 
+// epochOf returns the epoch of s's current life, which its tokens carry.
+func epochOf(t *testing.T, s tokensem.Semaphore) uint64 {
+	t.Helper()
+	st, err := s.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Epoch
+}
+
 func openNATS(t *testing.T, name string) *natssem.Semaphore {
 	t.Helper()
 	s, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name)
@@ -130,7 +140,7 @@ func TestDuplicateOfHeldSlotIsDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	copyTok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, 1))
+	copyTok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, epochOf(t, s)))
 	rawPublish(t, name, copyTok)
 	st, err := s.Status(t.Context())
 	if err != nil {
@@ -157,8 +167,8 @@ func TestDuplicateOfHeldSlotIsDeleted(t *testing.T) {
 func TestInvalidTokensAreRemoved(t *testing.T) {
 	name := "invalid-removed"
 	s := initNATS(t, name, 2)
-	retired, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 7, 1)) // index >= N
-	oldEpoch, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, 0))
+	retired, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 7, epochOf(t, s))) // index >= N
+	oldEpoch, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, epochOf(t, s)+1))
 	for _, b := range [][]byte{[]byte("junk"), retired, oldEpoch} {
 		rawPublish(t, name, b)
 	}

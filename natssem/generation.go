@@ -31,13 +31,20 @@ import (
 // configTTL, is still the one noted, and the configuration said ready.
 //
 // Why a change still reaches every client within configTTL: say a change
-// wrote the configuration and then bumped the generation to G, both before
-// time T. A client admitting later than configTTL after T has read the
-// generation after T, so it read G or later; if that equals the generation
-// noted with its configuration, the read that noted it ended after the
-// bump, and the configuration read started after that read ended, so it
+// wrote the configuration and then bumped the generation to G, both done
+// by time T. A client admitting later than configTTL after T trusts a
+// generation whose read began after T (cfgcache stamps a value with the
+// start of its read), so it read G or later; if that equals the generation
+// noted with its configuration, the read that noted it was answered after
+// the bump, and the configuration read began after that read ended, so it
 // read the change. Reads go to the stream's leader (readLast), which has
 // applied every acknowledged write.
+//
+// A generation no bump wrote (a bucket made by hand, or whose creator died
+// before its first bump: bumped) vouches for nothing, so that two buckets
+// of one group name, made one after the other, never share a generation.
+// The epoch that tokens and records carry keeps lives apart in any case
+// (see the package doc); the generation only carries resizes.
 //
 // One generation read per group, connection and configTTL replaces a read
 // per key. Only keys created with configVersionGen, whose every client
@@ -61,6 +68,12 @@ type genValue struct {
 	seq uint64
 	id  string
 }
+
+// bumped reports whether the generation was written by a bump. Without one
+// (a group bucket made by hand, or whose creator died before its first
+// bump) there is nothing to tell two buckets apart by: it vouches for
+// nothing, and keys read their configuration every configTTL.
+func (g genValue) bumped() bool { return g.id != "" }
 
 // readGeneration reads the group's generation (the zero genValue if it
 // was never bumped).
@@ -140,7 +153,7 @@ func (s *Semaphore) byGeneration(ctx context.Context) (config, bool) {
 		return config{}, false
 	}
 	g, err := s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
-	return cfg, err == nil && g == cfg.gen
+	return cfg, err == nil && g.bumped() && g == cfg.gen
 }
 
 // vouchable reports whether the generation may vouch for c: it was read
@@ -160,7 +173,7 @@ func (s *Semaphore) readCurrentConfig(ctx context.Context) (config, error) {
 	if s.group != nil {
 		var err error
 		g, err = s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
-		noted = err == nil
+		noted = err == nil && g.bumped()
 	}
 	cfg, _, err := s.readConfig(ctx)
 	if err == nil && noted && cfg.Version >= configVersionGen {

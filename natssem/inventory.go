@@ -114,7 +114,7 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 	}
 	live := func(idx int) (slotEntry, bool) {
 		sl, ok := slots[idx]
-		return sl, ok && idx < cfg.Permits && sl.live(now, cfg.Lease)
+		return sl, ok && idx < cfg.Permits && sl.heldIn(cfg, now)
 	}
 	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, Entries: make([]reconciler.Entry, 0, len(msgs))}
 	for _, m := range msgs {
@@ -127,7 +127,7 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 		case e.Reason == "retired" && e.Token.Epoch == cfg.Epoch:
 			// A slot a shrink retired, still held: left to its holder.
 			sl, ok := slots[e.Token.Index]
-			e.Held = ok && sl.live(now, cfg.Lease) && sl.rec.Seq == m.Seq
+			e.Held = ok && sl.heldIn(cfg, now) && sl.rec.Seq == m.Seq
 		}
 		c.Entries = append(c.Entries, e)
 	}
@@ -180,7 +180,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if err != nil {
 		return err
 	}
-	id := s.lay.msgID(s.name, cfg.Life, fmt.Sprintf("reissue.%d.%d.%d", cfg.Epoch, index, sl.rev))
+	id := s.lay.msgID(s.name, cfg.Epoch, fmt.Sprintf("reissue.%d.%d.%d", cfg.Epoch, index, sl.rev))
 	rctx, cancel := s.rtt(ctx)
 	ack, err := s.js.Publish(rctx, s.lay.subject, b, jetstream.WithMsgID(id))
 	cancel()
@@ -192,7 +192,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	case ack.Duplicate:
 		return reconciler.ErrConflict
 	}
-	if _, err := s.slots.cas(ctx, index, record{By: "reconciler", Token: tok.ID}, sl.rev, 0); err != nil {
+	if _, err := s.slots.cas(ctx, index, record{Epoch: cfg.Epoch, By: "reconciler", Token: tok.ID}, sl.rev, 0); err != nil {
 		if errors.Is(err, errConflict) {
 			return reconciler.ErrConflict
 		}

@@ -93,10 +93,10 @@ func (l layout) kvStream() string { return "KV_" + l.bucket }
 // within its duplicate window). A group's stream outlives its semaphores,
 // and a key deleted and made again within that window must not have its
 // tokens dropped as duplicates of its earlier life's: in a group the ID
-// names the key and its life (config.Life) too.
-func (l layout) msgID(name, life, id string) string {
+// names the key and its life (config.Epoch) too.
+func (l layout) msgID(name string, epoch uint64, id string) string {
 	if !l.grouped() {
 		return id
 	}
-	return name + "." + life + "." + id
+	return name + "." + strconv.FormatUint(epoch, 10) + "." + id
 }

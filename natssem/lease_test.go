@@ -162,7 +162,7 @@ func TestRequestTimeoutBoundedByLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got, want := s.opts.RequestTimeout, lease/4; got != want {
+	if got, want := s.requestTimeout(), lease/4; got != want {
 		t.Errorf("default request timeout for lease %v = %v, want %v", lease, got, want)
 	}
 	if _, err := Open(ctx, nc, "rt", WithRequestTimeout(900*time.Millisecond)); !errors.Is(err, tokensem.ErrInvalidOption) {

@@ -28,8 +28,22 @@ import (
 // free. A holder renews it every lockTTL/3; a record not renewed for
 // lockTTL (defaultLockTTL; by the server's clock) belongs to a holder that
 // died and may be taken over, so a crashed reconciler delays the next one
-// by at most lockTTL. Semaphores created by earlier versions get the record
-// on first use; clients of earlier versions do not take it.
+// by at most lockTTL.
+//
+// The lock fences what its holder does, as a permit's lease record does:
+//   - the holder believes it holds the lock only until the send time of its
+//     last write that landed plus lockTTL minus lockTTL/5 (held), by its own
+//     clock, which a taker's lockTTL of silence by the server's clock cannot
+//     beat; a holder whose process was stalled past that finds out at its
+//     next step, whatever its renewal goroutine has noticed;
+//   - what it writes to records is a compare-and-set on revisions it read,
+//     which never repeat across lives of the semaphore (createResources), so
+//     a write of a run whose lock was taken over fails once anything changed;
+//   - what the broker cannot make conditional (removing the stream, the
+//     bucket, a group key's records) comes right after a renewal written by
+//     compare-and-set (confirm): a holder taken over stops there. Only a
+//     process frozen for longer than lockTTL/5 between that renewal and the
+//     removal it sends can still remove what it no longer owns.
 const (
 	lockKey        = "lock"
 	defaultLockTTL = 15 * time.Second
@@ -59,6 +73,7 @@ type lockHold struct {
 
 	mu   sync.Mutex
 	rev  uint64
+	sent time.Time // send time of the last write of ours that landed
 	stop chan struct{}
 	done chan struct{}
 	once sync.Once
@@ -70,14 +85,15 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 	h := &lockHold{s: s, me: me, val: val, stop: make(chan struct{}), done: make(chan struct{})}
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 	for {
+		sent := time.Now()
 		rev, holder, err := h.try(ctx)
 		switch {
 		case err == nil:
-			h.rev = rev
+			h.rev, h.sent = rev, sent
 			go h.renew()
 			return h, nil
 		case errors.Is(err, errConflict):
-		case transient(err) && answered(err) && s.gone(ctx, time.Now().Add(s.opts.RequestTimeout)):
+		case transient(err) && answered(err) && s.gone(ctx, time.Now().Add(s.requestTimeout())):
 			// A bucket handle of a deleted semaphore answers "no responders".
 			return nil, fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
 		case transient(err):
@@ -183,27 +199,67 @@ func (h *lockHold) renew() {
 			return
 		case <-t.C:
 		}
-		h.mu.Lock()
-		newRev, err := h.cas(context.Background(), h.val, h.rev)
-		if err == nil {
-			h.rev = newRev
-		}
-		h.mu.Unlock()
-		if errors.Is(err, errConflict) {
-			h.lost.Store(true)
+		if errors.Is(h.write(context.Background()), errConflict) {
 			h.s.log.Warn("admin lock: lost to another holder while held (not renewed for too long)")
 			return
 		}
 	}
 }
 
-// held returns an error if the holding was lost: a run must not change
-// anything after that.
-func (h *lockHold) held() error {
+// write renews the lock by compare-and-set on our revision; on a conflict
+// the holding is lost.
+func (h *lockHold) write(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.lost.Load() {
-		return fmt.Errorf("natssem: the admin lock was taken over (not renewed for %v); stopping", h.s.lockTTL)
+		return errConflict
+	}
+	sent := time.Now()
+	newRev, err := h.cas(ctx, h.val, h.rev)
+	switch {
+	case err == nil:
+		h.rev, h.sent = newRev, sent
+	case errors.Is(err, errConflict):
+		h.lost.Store(true)
+	}
+	return err
+}
+
+// lockMargin is how long before a taker could take the lock over its
+// holder stops believing it holds it (see held).
+func lockMargin(ttl time.Duration) time.Duration { return ttl / 5 }
+
+// held returns an error if the holding was lost, or may have been: its
+// last landed write is so old that another client may take the lock over
+// soon (see the top of this file). A run must not change anything after
+// that.
+func (h *lockHold) held() error {
+	h.mu.Lock()
+	sent := h.sent
+	h.mu.Unlock()
+	switch ttl := h.s.lockTTL; {
+	case h.lost.Load():
+		return fmt.Errorf("natssem: the admin lock was taken over (not renewed for %v); stopping", ttl)
+	case time.Since(sent) > ttl-lockMargin(ttl):
+		return fmt.Errorf("natssem: the admin lock was not renewed for %v (another client may take it over after %v); stopping",
+			time.Since(sent).Round(time.Millisecond), ttl)
 	}
 	return nil
+}
+
+// confirm renews the lock now and returns nil if it is still ours: call it
+// right before a step the broker cannot make conditional (a removal).
+func (h *lockHold) confirm(ctx context.Context) error {
+	if err := h.held(); err != nil {
+		return err
+	}
+	if err := h.write(ctx); err != nil {
+		if errors.Is(err, errConflict) {
+			return fmt.Errorf("natssem: the admin lock was taken over (not renewed for %v); stopping", h.s.lockTTL)
+		}
+		return err
+	}
+	return h.held()
 }
 
 // abandon stops the renewal without freeing the lock: Delete calls it

@@ -195,7 +195,7 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 // answer until ctx ends or the deadline passes. The error is the cause of
 // the loss when it fails.
 func (p *Permit) free(ctx context.Context) error {
-	rec := record{Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
+	rec := record{Epoch: p.d.tok.Epoch, Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
 	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), p.Deadline())
 	defer cancel()
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: max(20*time.Millisecond, retryEvery(p.lease))}

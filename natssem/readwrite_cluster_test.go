@@ -102,7 +102,11 @@ func TestClusterGroupResizeReachesAnIdleClient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		retired, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, 1, 1))
+		st, err := admin.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		retired, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, 1, st.Epoch))
 		if err != nil {
 			t.Fatal(err)
 		}

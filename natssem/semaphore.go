@@ -94,9 +94,13 @@ func initSemaphore(ctx context.Context, nc *nats.Conn, name string, permits int,
 	if err != nil {
 		return nil, err
 	}
-	var cfg config
+	var (
+		cfg    config
+		readAt time.Time // when the read of cfg began (or its write)
+	)
 	err = s.retry(ctx, "init", func() error {
 		for {
+			readAt = time.Now()
 			if err := s.createResources(ctx, permits); err != nil {
 				return err
 			}
@@ -122,7 +126,7 @@ func initSemaphore(ctx context.Context, nc *nats.Conn, name string, permits int,
 	if err := s.useLease(cfg.Lease); err != nil {
 		return nil, err
 	}
-	s.setConfig(cfg)
+	s.cfg.SetAt(cfg, readAt)
 	return s, nil
 }
 
@@ -152,10 +156,12 @@ func openSemaphore(ctx context.Context, nc *nats.Conn, name string, o options) (
 		return nil, err
 	}
 	var (
-		cfg  config
-		cons *jetstream.ConsumerInfo
+		cfg    config
+		cons   *jetstream.ConsumerInfo
+		readAt time.Time // when the read of cfg began
 	)
 	err = s.retry(ctx, "open", func() error {
+		readAt = time.Now()
 		if err := s.bind(ctx); err != nil {
 			return err
 		}
@@ -185,22 +191,30 @@ func openSemaphore(ctx context.Context, nc *nats.Conn, name string, o options) (
 	if err := s.useLease(cfg.Lease); err != nil {
 		return nil, err
 	}
-	s.setConfig(cfg)
+	s.cfg.SetAt(cfg, readAt)
 	return s, nil
 }
 
-// useLease fits the request timeout to the semaphore's stored lease: a
-// timeout set by WithRequestTimeout must be shorter than
-// maxRequestTimeout(lease); an unset one becomes defaultRequestTimeout.
+// useLease checks the request timeout against the semaphore's stored
+// lease: one set by WithRequestTimeout must be shorter than
+// maxRequestTimeout(lease) (an unset one follows the lease: see
+// requestTimeout).
 func (s *Semaphore) useLease(lease time.Duration) error {
-	if err := s.opts.checkRequestTimeout(lease); err != nil {
-		return err
+	return s.opts.checkRequestTimeout(lease)
+}
+
+// requestTimeout bounds one round trip: WithRequestTimeout's, or
+// defaultRequestTimeout for the lease of the configuration last read
+// (another life of the name may have another lease).
+func (s *Semaphore) requestTimeout() time.Duration {
+	if s.opts.timeoutSet {
+		return s.opts.RequestTimeout
 	}
-	if !s.opts.timeoutSet {
-		s.opts.RequestTimeout = defaultRequestTimeout(s.opts.RequestTimeout, lease)
+	lease := s.cfg.Get().Lease
+	if lease == 0 {
+		lease = s.opts.Lease // not read yet (Init, Open)
 	}
-	s.slots.timeout = s.opts.RequestTimeout
-	return nil
+	return defaultRequestTimeout(s.opts.RequestTimeout, lease)
 }
 
 // retry runs step until it succeeds, fails for good, or ctx ends: a broker
@@ -248,12 +262,12 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 
 // rtt returns a context bounded by the request timeout for one round trip.
 func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.opts.RequestTimeout)
+	return context.WithTimeout(ctx, s.requestTimeout())
 }
 
 func (s *Semaphore) setBucket(kv jetstream.KeyValue) {
 	s.kv = kv
-	s.slots = newSlotStore(kv, s.lay, s.opts.RequestTimeout, s.log)
+	s.slots = newSlotStore(kv, s.lay, s.requestTimeout, s.log)
 }
 
 // bind finds the resources of an existing semaphore.

@@ -21,7 +21,12 @@ const slotPrefix = "slot."
 // not the token delivery, decides who holds the slot: a delivery becomes a
 // permit only by a compare-and-set of this record, and its KV revision is
 // the fencing number. Holder is empty when the slot is free.
+//
+// Epoch names the life of the semaphore (config.Epoch) the record was
+// written in. A record of another life is a leftover of a client that
+// acted on an ended life (see claim): it binds nobody of this life.
 type record struct {
+	Epoch  uint64 `json:"e,omitempty"`
 	Holder string `json:"h,omitempty"` // unique id of the holding acquire
 	Owner  string `json:"o,omitempty"` // holder's name, for Status
 	Seq    uint64 `json:"seq"`         // stream sequence of the held (or last held) token
@@ -29,8 +34,12 @@ type record struct {
 	By     string `json:"by,omitempty"` // on a free record: the holder that released it
 	// Deleted marks a slot that Delete closed: no claim takes it, and a
 	// holder's renewal fails on it (see delete.go). The record keeps its
-	// holder, if any. Clients before this field read it as it was.
+	// holder, if any.
 	Deleted bool `json:"del,omitempty"`
+	// Pending marks a claim that created the record and has not yet
+	// confirmed its life (claim.go, lifeChecked); its holder's first
+	// renewal writes the record without it.
+	Pending bool `json:"p,omitempty"`
 }
 
 func (r record) free() bool { return r.Holder == "" }
@@ -74,6 +83,17 @@ func (e slotEntry) live(now time.Time, lease time.Duration) bool {
 	return !e.rec.free() && now.Sub(e.written) < lease
 }
 
+// heldIn reports whether the entry names a live holder of the life cfg
+// describes (at server time now). A record of another life binds nobody in
+// this one (see claim.go, lifeChecked).
+func (e slotEntry) heldIn(cfg config, now time.Time) bool {
+	return e.rec.Epoch == cfg.Epoch && e.live(now, cfg.Lease)
+}
+
+// ofLife reports whether the entry was written in the life epoch names, or
+// never written.
+func (e slotEntry) ofLife(epoch uint64) bool { return e.rev == 0 || e.rec.Epoch == epoch }
+
 // errConflict is what a compare-and-set of a slot record returns when the
 // record changed since the revision it was given: someone else wrote
 // first. Single-node and replicated buckets report that with different
@@ -85,21 +105,21 @@ var errConflict = errors.New("natssem: slot record changed meanwhile")
 type slotStore struct {
 	kv      jetstream.KeyValue
 	lay     layout
-	timeout time.Duration // bounds each round trip
+	timeout func() time.Duration // bounds each round trip
 	log     *slog.Logger
 
 	mu    sync.Mutex
 	cache map[int]slotEntry
 }
 
-func newSlotStore(kv jetstream.KeyValue, lay layout, timeout time.Duration, log *slog.Logger) *slotStore {
+func newSlotStore(kv jetstream.KeyValue, lay layout, timeout func() time.Duration, log *slog.Logger) *slotStore {
 	return &slotStore{kv: kv, lay: lay, timeout: timeout, log: log, cache: make(map[int]slotEntry)}
 }
 
 // read reads a slot's record. A slot never written reads as free at
 // revision 0.
 func (st *slotStore) read(ctx context.Context, index int) (slotEntry, error) {
-	rctx, cancel := context.WithTimeout(ctx, st.timeout)
+	rctx, cancel := context.WithTimeout(ctx, st.timeout())
 	defer cancel()
 	e, err := st.kv.Get(rctx, st.lay.slotKey(index))
 	switch {
@@ -129,7 +149,7 @@ func (st *slotStore) read(ctx context.Context, index int) (slotEntry, error) {
 // callers that must learn the outcome even after their caller gave up pass
 // a context.WithoutCancel.
 func (st *slotStore) cas(ctx context.Context, index int, rec record, rev, delivered uint64) (uint64, error) {
-	rctx, cancel := context.WithTimeout(ctx, st.timeout)
+	rctx, cancel := context.WithTimeout(ctx, st.timeout())
 	defer cancel()
 	newRev, err := st.kv.Update(rctx, st.lay.slotKey(index), rec.encode(), rev)
 	switch {
@@ -144,14 +164,15 @@ func (st *slotStore) cas(ctx context.Context, index int, rec record, rev, delive
 
 // cached returns the record this client last wrote for a slot, when it can
 // be trusted without a read: it freed the slot releasing this very message
-// (seq), and this delivery is the next one of that message, so nobody else
-// had the token in between and the record cannot have changed. Anything else
-// (another client held it since, a duplicate) needs a fresh read.
-func (st *slotStore) cached(index int, seq, delivered uint64) (slotEntry, bool) {
+// (seq) of the same life (epoch), and this delivery is the next one of that
+// message, so nobody else had the token in between and the record cannot
+// have changed. Anything else (another client held it since, a duplicate,
+// another life) needs a fresh read.
+func (st *slotStore) cached(index int, epoch, seq, delivered uint64) (slotEntry, bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	c, ok := st.cache[index]
-	return c, ok && c.rec.free() && c.rec.Seq == seq && c.delivered != 0 && c.delivered+1 == delivered
+	return c, ok && c.rec.free() && c.rec.Epoch == epoch && c.rec.Seq == seq && c.delivered != 0 && c.delivered+1 == delivered
 }
 
 // remember keeps e as the latest record of a slot unless a newer revision
@@ -166,7 +187,7 @@ func (st *slotStore) remember(index int, e slotEntry) {
 
 // readAll reads every slot record (for a census).
 func (st *slotStore) readAll(ctx context.Context) (map[int]slotEntry, error) {
-	rctx, cancel := context.WithTimeout(ctx, st.timeout)
+	rctx, cancel := context.WithTimeout(ctx, st.timeout())
 	defer cancel()
 	prefix := st.lay.key(slotPrefix)
 	w, err := st.kv.Watch(rctx, prefix+">", jetstream.IgnoreDeletes())

@@ -191,6 +191,17 @@ const testTimeout = 45 * time.Second
 
 var runID = tokensem.NewToken("x", 0, 0).ID[:6]
 
+// epoch returns the epoch of the fixture's semaphore (its life, which its
+// tokens carry).
+func (f *fixture) epoch(t testing.TB) uint64 {
+	t.Helper()
+	st, err := f.sem.Status(bounded(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Epoch
+}
+
 // usable takes every permit that can be had right now, returns them all, and
 // reports how many there were: the admission bound as clients see it.
 func (f *fixture) usable(t testing.TB) int {
@@ -232,7 +243,7 @@ func TestRepair(t *testing.T) {
 		check  func(t *testing.T, r reconciler.Report)
 	}{
 		{"copied token", nil, func(t *testing.T, f *fixture) {
-			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 1, 1))
+			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 1, f.epoch(t)))
 			f.publish(t, b)
 		}, func(t *testing.T, r reconciler.Report) {
 			if len(r.Duplicates) != 1 || r.Duplicates[0] != 1 {
@@ -252,7 +263,7 @@ func TestRepair(t *testing.T) {
 				}
 			}},
 		{"forged", key, func(t *testing.T, f *fixture) {
-			b, _ := tokensem.NewCodec([]byte("attacker-key-0123456789")).Encode(tokensem.NewToken(f.name, 0, 1))
+			b, _ := tokensem.NewCodec([]byte("attacker-key-0123456789")).Encode(tokensem.NewToken(f.name, 0, f.epoch(t)))
 			f.publish(t, b)
 		}, func(t *testing.T, r reconciler.Report) {
 			if r.Invalid != 1 || len(r.Duplicates) != 0 {
@@ -260,7 +271,7 @@ func TestRepair(t *testing.T) {
 			}
 		}},
 		{"retired", nil, func(t *testing.T, f *fixture) {
-			for _, tok := range []tokensem.Token{tokensem.NewToken(f.name, 7, 1), tokensem.NewToken(f.name, 0, 0)} {
+			for _, tok := range []tokensem.Token{tokensem.NewToken(f.name, 7, f.epoch(t)), tokensem.NewToken(f.name, 0, 0)} {
 				b, _ := tokensem.Codec{}.Encode(tok)
 				f.publish(t, b)
 			}
@@ -318,7 +329,7 @@ func TestHeldDuplicate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 0, 1))
+			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 0, f.epoch(t)))
 			f.publish(t, b)
 			r := run(t, f, true)
 			if r.Removed != 1 || !r.Healthy {
@@ -419,11 +430,12 @@ func BenchmarkCensus10k(b *testing.B) {
 
 func BenchmarkRepair10k(b *testing.B) {
 	f := newNATS(b, "repair-10k", 10_000, nil)
+	epoch := f.epoch(b)
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
 		for j := range 100 { // 100 losses and 100 copies
 			f.deleteToken(b, (i*100+j)%10_000)
-			tok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, (i*100+j+5000)%10_000, 1))
+			tok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, (i*100+j+5000)%10_000, epoch))
 			f.publish(b, tok)
 		}
 		b.StartTimer()
@@ -632,7 +644,7 @@ func TestRepairLarge(t *testing.T) {
 					busy = busy || p.Token().Index == copied
 				}
 			}
-			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, copied, 1))
+			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, copied, f.epoch(t)))
 			f.publish(t, b)
 			f.publish(t, []byte("junk"))
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,10 @@ func TestReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, data := range []string{"junk", "t1." + name + ".0.1.0123456789abcdef0123456789abcdef."} {
+	raw, _ := b.statusJSON(t, name)
+	epoch, _ := raw["epoch"].(float64)                                                         // below 2^53: exact as a float64
+	copied := fmt.Sprintf("t1.%s.0.%d.0123456789abcdef0123456789abcdef.", name, uint64(epoch)) // a copy of slot 0
+	for _, data := range []string{"junk", copied} {
 		if _, err := js.Publish(t.Context(), natssem.Subject(name), []byte(data)); err != nil {
 			t.Fatal(err)
 		}
