@@ -61,69 +61,45 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 			}
 		}
 		ok = false // any retry reads the record afresh
-		leftover := false
-		if cur.rev != 0 && !cur.byHolderOf(tok.Epoch) {
-			// Not written by a holder of this token's life: a record of
-			// another life, or one an admin path or an unconfirmed claim
-			// wrote (see lifeChecked). Is the token's life the current one?
-			current, err := s.currentLife(ctx, tok.Epoch)
+		act, err := s.judge(ctx, tok, seq, cur, lease)
+		switch {
+		case err != nil:
+			s.giveBack(m)
+			return nil, err
+		case act == ended:
+			s.discard(ctx, m, seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
+			return nil, nil
+		case act == closed:
+			// Delete closed the slot: the semaphore goes away, or comes
+			// back if the delete is refused. Wait on either way.
+			s.log.Debug("delivery of a token of a slot being deleted; stepping away", "index", tok.Index)
+			s.holdBack(m)
+			return nil, nil
+		case act == duplicate:
+			s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", cur.rec.Seq)
+			s.deleteDuplicate(ctx, seq)
+			return nil, nil
+		case act == heldHere && gaveUp != nil:
+			// Most often its holder released it and this read came from
+			// a replica that has not applied the free write yet
+			// (awaitRelease).
+			s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
+			next, changed, err := s.awaitRelease(ctx, gaveUp, tok.Index, cur)
 			switch {
 			case err != nil:
 				s.giveBack(m)
 				return nil, err
-			case !current:
-				s.discard(ctx, m, seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
+			case changed:
+				cur, ok = next, true
+				continue
+			case chanClosed(gaveUp):
+				s.giveBack(m) // the caller left: hand it on
 				return nil, nil
 			}
-			// The record of another life is a leftover of a client that
-			// acted on an ended life: it binds nobody. The compare-and-set
-			// below replaces it only if it is still there, in this life's
-			// records (revisions never repeat across lives).
-			leftover = !cur.ofLife(tok.Epoch)
-		}
-		if !leftover {
-			if cur.rec.Deleted {
-				// Delete closed the slot: the semaphore goes away, or comes
-				// back if the delete is refused. Wait on either way.
-				s.log.Debug("delivery of a token of a slot being deleted; stepping away", "index", tok.Index)
-				s.holdBack(m)
-				return nil, nil
-			}
-			if !cur.rec.free() {
-				now, err := s.serverNow(ctx)
-				if err != nil {
-					s.giveBack(m)
-					return nil, err
-				}
-				if cur.live(now, lease) {
-					if cur.rec.Seq == seq {
-						// Most often its holder released it and this read
-						// came from a replica that has not applied the free
-						// write yet (awaitRelease).
-						if gaveUp != nil {
-							s.log.Debug("token delivered before its release was visible; awaiting the free record", "index", tok.Index, "rev", cur.rev)
-							next, changed, err := s.awaitRelease(ctx, gaveUp, tok.Index, cur)
-							switch {
-							case err != nil:
-								s.giveBack(m)
-								return nil, err
-							case changed:
-								cur, ok = next, true
-								continue
-							case chanClosed(gaveUp):
-								s.giveBack(m) // the caller left: hand it on
-								return nil, nil
-							}
-						}
-						s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", cur.rec.Owner)
-						return nil, nil
-					}
-					s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", cur.rec.Seq)
-					s.deleteDuplicate(ctx, seq)
-					return nil, nil
-				}
-				s.log.Info("taking over the slot of a silent holder", "index", tok.Index, "holder", cur.rec.Owner, "silent", now.Sub(cur.written))
-			}
+			fallthrough
+		case act == heldHere:
+			s.log.Debug("delivery of a token held by a live holder; stepping away", "index", tok.Index, "holder", cur.rec.Owner)
+			return nil, nil
 		}
 		// A record never written cannot tell which life its bucket is in:
 		// the claim is written as unconfirmed and confirmed after (see
@@ -143,7 +119,7 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 					return nil, err
 				}
 			}
-			if !leftover && !cur.rec.free() && cur.rec.Seq != seq {
+			if act == takeOver && cur.rec.Seq != seq {
 				s.deleteDuplicate(ctx, cur.rec.Seq) // the silent holder's copy is now a duplicate
 			}
 			return s.won(ctx, m, d, rev, lease)
@@ -155,12 +131,12 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 			got, rerr := s.slots.read(rctx, tok.Index)
 			cancel()
 			switch {
-			case rerr == nil && got.rec.Holder == holder && unconfirmed:
-				if done, err := s.confirmClaim(ctx, m, &d, got.rev); done || err != nil {
-					return nil, err
-				}
-				return s.won(ctx, m, d, got.rev, lease)
 			case rerr == nil && got.rec.Holder == holder:
+				if unconfirmed {
+					if done, err := s.confirmClaim(ctx, m, &d, got.rev); done || err != nil {
+						return nil, err
+					}
+				}
 				return s.won(ctx, m, d, got.rev, lease)
 			case rerr == nil:
 				s.giveBack(m) // our write did not land
@@ -171,6 +147,59 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 		}
 	}
 	return nil, nil
+}
+
+// action is what a claim does with a delivery, given its slot's record
+// (judge).
+type action int
+
+const (
+	claimFree action = iota // the record is free (or binds nobody): claim it
+	takeOver                // its holder has been silent a whole lease: claim it
+	heldHere                // a live holder holds this very token: step away
+	duplicate               // a live holder holds another copy: delete this one
+	closed                  // Delete closed the slot: hold the token back
+	ended                   // the token's life has ended: remove it
+)
+
+// judge decides what a claim of tok (stream sequence seq, its life's lease)
+// does, given its slot's record cur (see claim, and lifeChecked below). A
+// record of another life binds nobody and is claimed as if free.
+func (s *Semaphore) judge(ctx context.Context, tok tokensem.Token, seq uint64, cur slotEntry, lease time.Duration) (action, error) {
+	if cur.rev != 0 && !cur.byHolderOf(tok.Epoch) {
+		// Not written by a holder of this token's life: a record of
+		// another life, or one an admin path or an unconfirmed claim
+		// wrote. Is the token's life the current one?
+		switch current, err := s.currentLife(ctx, tok.Epoch); {
+		case err != nil:
+			return 0, err
+		case !current:
+			return ended, nil
+		case !cur.ofLife(tok.Epoch):
+			// A leftover of a client that acted on an ended life. The
+			// claim's compare-and-set replaces it only if it is still
+			// there, in this life's records (revisions never repeat
+			// across lives).
+			return claimFree, nil
+		}
+	}
+	switch {
+	case cur.rec.Deleted:
+		return closed, nil
+	case cur.rec.free():
+		return claimFree, nil
+	}
+	now, err := s.serverNow(ctx)
+	switch {
+	case err != nil:
+		return 0, err
+	case !cur.live(now, lease):
+		s.log.Info("taking over the slot of a silent holder", "index", tok.Index, "holder", cur.rec.Owner, "silent", now.Sub(cur.written))
+		return takeOver, nil
+	case cur.rec.Seq == seq:
+		return heldHere, nil
+	}
+	return duplicate, nil
 }
 
 // The lives of a semaphore's slot records (lifeChecked).
