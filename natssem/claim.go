@@ -170,11 +170,13 @@ func (s *Semaphore) judge(ctx context.Context, tok tokensem.Token, seq uint64, c
 		// Not written by a holder of this token's life: a record of
 		// another life, or one an admin path or an unconfirmed claim
 		// wrote. Is the token's life the current one?
-		switch current, err := s.currentLife(ctx, tok.Epoch); {
+		switch life, _, err := s.lifeOf(ctx, tok); {
 		case err != nil:
 			return 0, err
-		case !current:
+		case life == lifeEnded:
 			return ended, nil
+		case life == lifeEnding:
+			return closed, nil // a Delete may yet be refused: wait
 		case !cur.ofLife(tok.Epoch):
 			// A leftover of a client that acted on an ended life. The
 			// claim's compare-and-set replaces it only if it is still
@@ -235,30 +237,45 @@ func (e slotEntry) byHolderOf(epoch uint64) bool {
 	return e.rev != 0 && e.rec.Epoch == epoch && !e.rec.Pending && (e.rec.Holder != "" || ids.Valid(e.rec.By))
 }
 
-// currentLife reports whether epoch is the life of the semaphore's
-// current configuration, read afresh from the bucket's stream leader (and
-// cached: a handle that meets a newer life adopts its configuration). A
-// semaphore with no configuration has no current life.
-func (s *Semaphore) currentLife(ctx context.Context, epoch uint64) (bool, error) {
+// lifeState is where a token's life stands.
+type lifeState int
+
+const (
+	lifeCurrent lifeState = iota
+	lifeEnding            // the current life, marked for deletion
+	lifeEnded             // another life is current, or none
+)
+
+// lifeOf reads the configuration afresh from the bucket's stream leader
+// (and caches it: a handle that meets a newer life adopts it) and says
+// where tok's life stands.
+func (s *Semaphore) lifeOf(ctx context.Context, tok tokensem.Token) (lifeState, config, error) {
 	cfg, err := s.refreshConfig(ctx)
 	switch {
 	case errors.Is(err, tokensem.ErrNotInitialized):
-		return false, nil
+		return lifeEnded, config{}, nil
 	case err != nil:
-		return false, err
+		return 0, config{}, err
+	case cfg.Epoch != tok.Epoch:
+		return lifeEnded, cfg, nil
+	case cfg.State == stateDeleting:
+		return lifeEnding, cfg, nil
 	}
-	return cfg.Epoch == epoch, nil
+	return lifeCurrent, cfg, nil
 }
 
 // confirmClaim checks, after a claim created the slot's record at rev
-// (marked Pending), that the token's life is the current one. done is true
-// when it is not (or cannot be told): the record is written over as
-// belonging to no life, the token is removed (an ended life) or handed on
-// (an error), and the claim makes no permit. Otherwise the permit's
-// renewals write the record unmarked.
+// (marked Pending), that the token's life is the current one, not being
+// deleted, and counts its slot: a Delete closes the slots it can find, and
+// a slot above the count that nobody ever held has no record to close. done
+// is true when the check fails (or cannot be made): the record is written
+// over as belonging to no life, the token is removed (an ended life, a
+// retired slot), held back (a Delete under way, which may be refused) or
+// handed on (an error), and the claim makes no permit. Otherwise the
+// permit's renewals write the record unmarked.
 func (s *Semaphore) confirmClaim(ctx context.Context, m *nats.Msg, d *delivery, rev uint64) (done bool, err error) {
-	current, err := s.currentLife(ctx, d.tok.Epoch)
-	if err == nil && current {
+	life, cfg, err := s.lifeOf(ctx, d.tok)
+	if err == nil && life == lifeCurrent && d.tok.Index < cfg.Permits {
 		d.rec.Pending = false
 		return false, nil
 	}
@@ -266,12 +283,19 @@ func (s *Semaphore) confirmClaim(ctx context.Context, m *nats.Msg, d *delivery, 
 	if _, uerr := s.slots.cas(context.WithoutCancel(ctx), d.tok.Index, record{Seq: d.seq, By: "unclaimed"}, rev, 0); uerr != nil {
 		s.log.Warn("could not undo an unconfirmed claim; it ages out in a lease", "index", d.tok.Index, "err", uerr)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		s.giveBack(m)
 		return true, err
+	case life == lifeEnding:
+		s.log.Debug("claim of a slot of a semaphore being deleted; undone", "index", d.tok.Index)
+		s.holdBack(m)
+	case life == lifeEnded:
+		s.log.Info("a token of an ended life claimed a record of the current one; undone", "index", d.tok.Index, "epoch", d.tok.Epoch)
+		s.discard(ctx, m, d.seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
+	default:
+		s.discard(ctx, m, d.seq, fmt.Errorf("%w: retired token %s (the semaphore has %d permits)", reconciler.ErrNotCurrent, d.tok, cfg.Permits))
 	}
-	s.log.Info("a token of an ended life claimed a record of the current one; undone", "index", d.tok.Index, "epoch", d.tok.Epoch)
-	s.discard(ctx, m, d.seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
 	return true, nil
 }
 

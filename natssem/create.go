@@ -23,8 +23,8 @@ import (
 
 // createResources creates (or finds) the token stream, its holders
 // consumer and the KV bucket. In a group they are the group's stream and
-// bucket, and the key's consumer is made by the creator of its
-// configuration (prepareKey).
+// bucket. The token consumer is made by the creator of the configuration,
+// with its lease (prepareLife).
 //
 // A bucket's sequence, whose numbers are the slot records' revisions and
 // so the permits' fences, starts at the server's clock in microseconds
@@ -80,11 +80,6 @@ func (s *Semaphore) createResources(ctx context.Context, permits int) error {
 		return wrapBrokerErr(err)
 	}
 	s.stream = stream
-	if !s.lay.grouped() {
-		if err := s.createConsumer(rctx, s.opts.Lease, false); err != nil {
-			return err
-		}
-	}
 	var kv jetstream.KeyValue
 	if s.lay.grouped() {
 		// Most keys join a group whose bucket exists: one lookup.
@@ -133,7 +128,7 @@ func (s *Semaphore) createBucket(ctx context.Context, first uint64) (jetstream.K
 
 // bucketConfig is the configuration of the KV bucket's stream: what
 // jetstream.CreateKeyValue makes of a KeyValueConfig with History 1, file
-// storage and s.opts.replicas (nats.go 1.55, kv.go, prepareKeyValueConfig),
+// storage and s.opts.replicas (nats.go 1.55, kv.go, prepareLifeValueConfig),
 // plus its first sequence.
 func (s *Semaphore) bucketConfig(first uint64) jetstream.StreamConfig {
 	desc := "tokensem config and slot leases of " + s.name
@@ -195,10 +190,10 @@ func (s *Semaphore) createGroupStream(ctx context.Context, sc jetstream.StreamCo
 // jetstream.ErrMaximumConsumersLimit.
 const MaxGroupKeys = 1_000_000
 
-// createConsumer creates the holders consumer with an ack wait of lease.
-// One that exists with another configuration is kept, or (replace: a
-// group's key being seeded, whose tokens nobody can hold yet) replaced.
-func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, replace bool) error {
+// createConsumer creates the holders consumer with an ack wait of lease,
+// replacing one that exists with another configuration: it runs while a
+// life is being seeded, whose tokens nobody holds yet.
+func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) error {
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.lay.consumer,
 		Description:   "tokensem holders of " + s.name,
@@ -213,16 +208,16 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, rep
 		cc.FilterSubject = s.lay.subject
 	}
 	_, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
-	if replace && errors.Is(err, jetstream.ErrConsumerExists) {
+	if errors.Is(err, jetstream.ErrConsumerExists) {
 		// Left with another configuration, which cannot all be updated
 		// (the server refuses a new MaxWaiting): made anew.
-		s.log.Info("replacing the key's consumer left by an earlier life")
+		s.log.Info("replacing a token consumer made with another configuration", "lease", lease)
 		if err = s.js.DeleteConsumer(ctx, s.lay.stream, s.lay.consumer); err == nil || errors.Is(err, jetstream.ErrConsumerNotFound) {
 			_, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
 		}
 	}
 	switch {
-	case err == nil, !replace && errors.Is(err, jetstream.ErrConsumerExists):
+	case err == nil:
 		return nil
 	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
 		// Not a broker that failed to answer: retrying cannot help.
@@ -231,23 +226,21 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration, rep
 	return wrapBrokerErr(err)
 }
 
-// prepareKey readies a group's key for the seeding of a life (nothing for
-// a semaphore of its own): the key's consumer, made now with that life's
-// lease (one left by an earlier life or an Init cut short may have
-// another, and a Delete that ran since this Init began may have removed
-// it), and, when this Init has just created the configuration (fresh), the
-// key's subject emptied of what an earlier life left in it (a seeding that
-// stalled past a Delete). A seeding resumed or taken over keeps the
-// subject: tokens of its own life may be there already, and publishing
-// them again would be dropped as duplicates.
-func (s *Semaphore) prepareKey(ctx context.Context, lease time.Duration, fresh bool) error {
-	if !s.lay.grouped() {
-		return nil
-	}
+// prepareLife readies the semaphore for the seeding of a life: its token
+// consumer, made now with that life's lease (one left by an earlier life,
+// or made by a concurrent Init that asked for another lease, or by an Init
+// cut short, may have another ack wait, and a Delete that ran since this
+// Init began may have removed it), and, of a key of a group, when this
+// Init has just created the configuration (fresh), the key's subject
+// emptied of what an earlier life left in it (a seeding that stalled past
+// a Delete). A seeding resumed or taken over keeps the subject: tokens of
+// its own life may be there already, and publishing them again would be
+// dropped as duplicates.
+func (s *Semaphore) prepareLife(ctx context.Context, lease time.Duration, fresh bool) error {
 	rctx, cancel := s.rtt(ctx)
-	err := s.createConsumer(rctx, lease, true)
+	err := s.createConsumer(rctx, lease)
 	cancel()
-	if err != nil || !fresh {
+	if err != nil || !fresh || !s.lay.grouped() {
 		return err
 	}
 	n, err := s.clearTokens(ctx)
@@ -300,7 +293,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		rev, err := s.kv.Create(rctx, s.lay.key(configKey), want.encode())
 		cancel()
 		if err == nil {
-			if err := s.prepareKey(ctx, want.Lease, true); err != nil {
+			if err := s.prepareLife(ctx, want.Lease, true); err != nil {
 				s.dropConfig(ctx, rev)
 				return config{}, err
 			}
@@ -333,7 +326,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		}
 		if cfg.Seeder == me {
 			// This Init's own seeding, interrupted: resume it.
-			if err := s.prepareKey(ctx, cfg.Lease, false); err != nil {
+			if err := s.prepareLife(ctx, cfg.Lease, false); err != nil {
 				return config{}, err
 			}
 			return s.seed(ctx, cfg, rev)
@@ -346,7 +339,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 			cancel()
 			if err == nil {
 				s.log.Warn("took over a stalled token seeding")
-				if err := s.prepareKey(ctx, cfg.Lease, false); err != nil {
+				if err := s.prepareLife(ctx, cfg.Lease, false); err != nil {
 					return config{}, err
 				}
 				return s.seed(ctx, cfg, rev)
@@ -362,7 +355,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 }
 
 // dropConfig removes the configuration this Init created at rev, when it
-// cannot go on (prepareKey failed), so that the next Init need not wait
+// cannot go on (prepareLife failed), so that the next Init need not wait
 // seedStallTimeout for it. Best effort: a configuration left in place is
 // taken over after that wait.
 func (s *Semaphore) dropConfig(ctx context.Context, rev uint64) {

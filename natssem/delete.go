@@ -137,7 +137,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 // stream goes puts the semaphore back (reopen), so that a delete cut short
 // does not leave it refusing every claim; a later delete starts over.
 func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, removed *bool) (err error) {
-	cfg, err := s.markDeleting(ctx)
+	cfg, err := s.markDeleting(ctx, h)
 	if err != nil {
 		return err
 	}
@@ -147,7 +147,7 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 		if err != nil && !*removed && h.held() == nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if rerr := s.reopen(rctx); rerr != nil {
+			if rerr := s.reopen(rctx, h); rerr != nil {
 				s.log.Warn("a delete that failed could not put the semaphore back; run Delete again", "err", rerr)
 				err = errors.Join(err, rerr)
 			}
@@ -211,9 +211,9 @@ func (s *Semaphore) removeResources(ctx context.Context, confirm func(context.Co
 // had in Was) and returns it. A bucket without a configuration (an Init
 // that has not written it yet) gets a placeholder in that state, which
 // holds the Init off.
-func (s *Semaphore) markDeleting(ctx context.Context) (config, error) {
+func (s *Semaphore) markDeleting(ctx context.Context, h *lockHold) (config, error) {
 	for {
-		cfg, rev, err := s.readConfig(ctx)
+		cfg, rev, err := h.readConfig(ctx)
 		switch {
 		case errors.Is(err, tokensem.ErrNotInitialized):
 			cfg = config{Version: s.lay.configVersion(), Permits: 1, Lease: s.opts.Lease, Epoch: ids.Epoch(), Created: time.Now().UnixMilli()}
@@ -355,7 +355,7 @@ func later(a, b time.Time) time.Time {
 // reopen undoes a refused or failed delete: it reopens the closed slot
 // records (a record that names a holder stays its until a lease of
 // silence), then puts the configuration's state back (a placeholder goes).
-func (s *Semaphore) reopen(ctx context.Context) error {
+func (s *Semaphore) reopen(ctx context.Context, h *lockHold) error {
 	slots, err := s.slots.readAll(ctx)
 	if err != nil {
 		return err
@@ -371,7 +371,7 @@ func (s *Semaphore) reopen(ctx context.Context) error {
 		}
 	}
 	for {
-		cfg, rev, err := s.readConfig(ctx)
+		cfg, rev, err := h.readConfig(ctx)
 		switch {
 		case errors.Is(err, tokensem.ErrNotInitialized):
 			return nil
@@ -412,7 +412,7 @@ func (s *Semaphore) awaitDelete(ctx context.Context) error {
 		return err
 	}
 	defer h.unlock()
-	cfg, _, err := s.readConfig(ctx)
+	cfg, _, err := h.readConfig(ctx)
 	switch {
 	case errors.Is(err, tokensem.ErrNotInitialized):
 		return nil
@@ -423,8 +423,8 @@ func (s *Semaphore) awaitDelete(ctx context.Context) error {
 	}
 	removed := false
 	err = s.deleteLocked(ctx, h, false, &removed)
-	if errors.Is(err, tokensem.ErrHeld) {
-		return nil
+	if errors.Is(err, tokensem.ErrHeld) || errors.Is(err, errLockLost) {
+		return nil // refused and put back, or ended by another: start over
 	}
 	return err
 }

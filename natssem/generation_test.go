@@ -192,9 +192,14 @@ func TestGroupRemadeKeyReachesAClientTrustingTheGeneration(t *testing.T) {
 			}
 			if died {
 				// The mark alone, as a deleter that died before its bump left it.
-				if _, err := a.markDeleting(ctx); err != nil {
+				h, err := a.takeLock(ctx)
+				if err != nil {
 					t.Fatal(err)
 				}
+				if _, err := a.markDeleting(ctx, h); err != nil {
+					t.Fatal(err)
+				}
+				h.unlock() // the mark stays
 			}
 			_ = a.Close()
 			if err := Delete(ctx, nc, name, WithGroup(group)); err != nil {

@@ -39,6 +39,11 @@ import (
 //   - what it writes to records is a compare-and-set on revisions it read,
 //     which never repeat across lives of the semaphore (createResources), so
 //     a write of a run whose lock was taken over fails once anything changed;
+//     and the holding knows the life it was taken in (the configuration's
+//     epoch, read while the lock was provably held): a configuration read
+//     under it that names another life means the lock is gone with its life
+//     (lockHold.readConfig), so no configuration write of a stale run can
+//     land in the next life;
 //   - what the broker cannot make conditional (removing the stream, the
 //     bucket, a group key's records) comes right after a renewal written by
 //     compare-and-set (confirm): a holder taken over stops there. Only a
@@ -54,22 +59,16 @@ type lockRecord struct {
 	Owner  string `json:"o,omitempty"` // holder's name, for whoever reads the bucket
 }
 
-// lock takes the admin lock, waiting while another live holder has it,
-// until ctx ends. unlock frees it (and stops its renewal).
-func (s *Semaphore) lock(ctx context.Context) (unlock func(), err error) {
-	h, err := s.takeLock(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return h.unlock, nil
-}
-
 // lockHold is one holding of the admin lock.
 type lockHold struct {
 	s    *Semaphore
 	me   lockRecord
 	val  []byte
 	lost atomic.Bool // set when the renewal found the lock taken over
+
+	// life is the epoch of the configuration when the lock was taken (0:
+	// there was none): see readConfig.
+	life uint64
 
 	mu   sync.Mutex
 	rev  uint64
@@ -87,12 +86,28 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 	for {
 		sent := time.Now()
 		rev, holder, err := h.try(ctx)
-		switch {
-		case err == nil:
+		if err == nil {
 			h.rev, h.sent = rev, sent
-			go h.renew()
-			return h, nil
-		case errors.Is(err, errConflict):
+			// The life the lock belongs to, read while it is provably ours
+			// (held, after the read): no other life can begin then.
+			cfg, _, cerr := s.readConfig(ctx)
+			switch {
+			case cerr == nil:
+				h.life = cfg.Epoch
+			case transient(cerr):
+				err = cerr
+			} // none, or unreadable: no life to hold the run to
+			if err == nil {
+				err = h.held()
+			}
+			if err == nil {
+				go h.renew()
+				return h, nil
+			}
+			h.free()
+		}
+		switch {
+		case errors.Is(err, errConflict), errors.Is(err, errLockLost):
 		case transient(err) && answered(err) && s.gone(ctx, time.Now().Add(s.requestTimeout())):
 			// A bucket handle of a deleted semaphore answers "no responders".
 			return nil, fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
@@ -239,9 +254,9 @@ func (h *lockHold) held() error {
 	h.mu.Unlock()
 	switch ttl := h.s.lockTTL; {
 	case h.lost.Load():
-		return fmt.Errorf("natssem: the admin lock was taken over (not renewed for %v); stopping", ttl)
+		return fmt.Errorf("%w: taken over (not renewed for %v); stopping", errLockLost, ttl)
 	case time.Since(sent) > ttl-lockMargin(ttl):
-		return fmt.Errorf("natssem: the admin lock was not renewed for %v (another client may take it over after %v); stopping",
+		return fmt.Errorf("%w: not renewed for %v (another client may take it over after %v); stopping", errLockLost,
 			time.Since(sent).Round(time.Millisecond), ttl)
 	}
 	return nil
@@ -255,7 +270,7 @@ func (h *lockHold) confirm(ctx context.Context) error {
 	}
 	if err := h.write(ctx); err != nil {
 		if errors.Is(err, errConflict) {
-			return fmt.Errorf("natssem: the admin lock was taken over (not renewed for %v); stopping", h.s.lockTTL)
+			return fmt.Errorf("%w: taken over (not renewed for %v); stopping", errLockLost, h.s.lockTTL)
 		}
 		return err
 	}
@@ -277,13 +292,47 @@ func (h *lockHold) unlock() {
 	h.once.Do(func() {
 		close(h.stop)
 		<-h.done
-		if h.lost.Load() {
-			return
-		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if _, err := h.cas(context.Background(), []byte("{}"), h.rev); err != nil && !errors.Is(err, errConflict) {
-			h.s.log.Warn("admin lock: could not free it; it expires in "+h.s.lockTTL.String(), "err", err)
-		}
+		h.free()
 	})
+}
+
+// free writes the lock record free, unless the holding was lost.
+func (h *lockHold) free() {
+	if h.lost.Load() {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, err := h.cas(context.Background(), []byte("{}"), h.rev); err != nil && !errors.Is(err, errConflict) {
+		h.s.log.Warn("admin lock: could not free it; it expires in "+h.s.lockTTL.String(), "err", err)
+	}
+}
+
+// errLockLost says that the admin lock was lost while a run held it: the
+// run stops, changing nothing more.
+var errLockLost = errors.New("natssem: the admin lock was lost")
+
+// readConfig reads the configuration under the lock (see the top of this
+// file): one of another life than the lock's means the lock is gone with
+// its life, and returns an error wrapping errLockLost.
+func (h *lockHold) readConfig(ctx context.Context) (config, uint64, error) {
+	cfg, rev, err := h.s.readConfig(ctx)
+	if err := h.sameLife(cfg, err); err != nil {
+		return config{}, 0, err
+	}
+	return cfg, rev, err
+}
+
+// sameLife returns an error wrapping errLockLost if cfg (read with error
+// err) shows that the life the lock was taken in has ended.
+func (h *lockHold) sameLife(cfg config, err error) error {
+	switch {
+	case h.life == 0:
+		return nil
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		return fmt.Errorf("%w: the semaphore was deleted", errLockLost)
+	case err == nil && cfg.Epoch != h.life:
+		return fmt.Errorf("%w: the semaphore was made again (epoch %d, the lock's %d)", errLockLost, cfg.Epoch, h.life)
+	}
+	return nil
 }

@@ -24,19 +24,19 @@ func TestAdminLock(t *testing.T) {
 	}
 	a.lockTTL, b.lockTTL = 900*time.Millisecond, 900*time.Millisecond
 
-	unlock, err := a.lock(ctx)
+	unlock, err := lockFor(ctx, a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Held past two TTLs by renewal: b must not get it.
 	short, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err = b.lock(short)
+	_, err = lockFor(short, b)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "held by a") {
 		t.Fatalf("lock while a renews it: err = %v, want a deadline naming holder a", err)
 	}
 	unlock()
-	unlockB, err := b.lock(ctx)
+	unlockB, err := lockFor(ctx, b)
 	if err != nil {
 		t.Fatalf("lock after unlock: %v", err)
 	}
@@ -56,7 +56,7 @@ func TestAdminLock(t *testing.T) {
 		t.Fatalf("a second try by the holder of the record: %v", err)
 	}
 	start := time.Now()
-	unlockB, err = b.lock(ctx)
+	unlockB, err = lockFor(ctx, b)
 	if err != nil {
 		t.Fatalf("lock after its holder died: %v", err)
 	}
@@ -64,4 +64,13 @@ func TestAdminLock(t *testing.T) {
 	if waited := time.Since(start); waited < 500*time.Millisecond {
 		t.Fatalf("took over a lock renewed %v ago (ttl %v)", waited, b.lockTTL)
 	}
+}
+
+// lockFor takes s's admin lock and returns its unlock.
+func lockFor(ctx context.Context, s *Semaphore) (func(), error) {
+	h, err := s.takeLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return h.unlock, nil
 }

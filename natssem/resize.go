@@ -46,13 +46,13 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 	if s.isClosed() {
 		return tokensem.ErrClosed
 	}
-	unlock, err := s.lock(ctx)
+	h, err := s.takeLock(ctx)
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	defer h.unlock()
 	for {
-		cfg, rev, err := s.readConfig(ctx)
+		cfg, rev, err := h.readConfig(ctx)
 		if err != nil {
 			return err
 		}
