@@ -33,6 +33,9 @@ type Hold struct {
 	Releasing int64
 	// Lost: the permit ended by a loss, seen at End.
 	Lost bool
+	// Deadline is, on NATS, the permit's deadline when it was handed out
+	// (0: unknown); for the log, not for the checker.
+	Deadline int64 `json:",omitempty"`
 	// Fault is the earliest instant at which a fault the harness injected
 	// (a kill, a freeze, a cut or delayed link, a broker restart) may have
 	// freed the slot behind this holder's back, or 0: see charge.
@@ -447,6 +450,8 @@ func checkTakeovers(v *Verdict, holds []Hold, tl Timeline, ls []lives) {
 				// Whichever took first was not freed when the other held.
 				v.add("takeover", fmt.Sprintf("slot %d: workers %d (fence %d%s) and %d (fence %d%s) held it at once, the first to take it not freed when the other held it, with no fault to excuse it (their Acquire calls overlapped)",
 					q.Slot, p.Worker, p.Fence, tl.label(ls[pi]), q.Worker, q.Fence, tl.label(ls[qi])), p, q)
+			case pq && p.Fence == q.Fence:
+				continue // no order at all: "fence twice" names the two
 			case pq:
 				// Only the fences' order makes it a takeover; the other order
 				// makes the fence go back.
@@ -464,8 +469,8 @@ func checkTakeovers(v *Verdict, holds []Hold, tl Timeline, ls []lives) {
 	v.StaleOverlaps = len(stale)
 }
 
-// checkCapacity names the episodes in which more holders believed they
-// held at once, none of them struck by a fault that excuses a takeover,
+// checkCapacity names the episodes (one for each longest holder in one)
+// in which more holders believed they held at once, none of them struck by a fault that excuses a takeover,
 // than admission allowed: each such holder holds by the backends' promise
 // that a running holder is told of a loss before anyone else may take its
 // slot. A frozen or killed holder counts until the fault (the fence is the
@@ -493,6 +498,7 @@ func checkCapacity(v *Verdict, holds []Hold, tl Timeline, ls []lives, adm []int)
 	base := slices.MinFunc(holds, func(a, b Hold) int { return cmp.Compare(a.Call, b.Call) }).Call
 	active := map[int]bool{}
 	over := false
+	oldest := map[int]bool{} // the longest holder of each episode named
 	for k, e := range events {
 		if e.delta > 0 {
 			active[e.i] = true
@@ -520,6 +526,11 @@ func checkCapacity(v *Verdict, holds []Hold, tl Timeline, ls []lives, adm []int)
 			continue // one episode, named at its start
 		}
 		over = true
+		first := slices.MinFunc(held, func(a, b int) int { return cmp.Compare(holds[a].Acquired, holds[b].Acquired) })
+		if oldest[first] {
+			continue // its longest holder's episode again, as others come and go
+		}
+		oldest[first] = true
 		var who []string
 		var involved []Hold
 		for _, i := range held {

@@ -369,6 +369,12 @@ func TestCheckTimeline(t *testing.T) {
 			{Worker: 0, Slot: 0, Fence: 1, Call: 0, Acquired: 50, End: 100, Ended: true},
 			{Worker: 1, Slot: 0, Fence: 2, Call: 10, Acquired: 20, End: 30, Ended: true},
 		}, false, []string{"takeover or fence"}, "slot 0: either worker 1 acquired (fence 2) while worker 0 held it (fence 1) with no fault to excuse it, or fence 1 came after fence 2"},
+		// The same fence twice, from overlapping takes: nothing orders
+		// them, so only the fence is named.
+		{"overlapping takes with one fence", Fixed(2), []Hold{
+			{Worker: 0, Slot: 0, Fence: 3, Call: 0, Acquired: 50, End: 100, Ended: true},
+			{Worker: 1, Slot: 0, Fence: 3, Call: 10, Acquired: 20, End: 30, Ended: true},
+		}, false, []string{"fence twice"}, "slot 0: fence 3 given twice"},
 		// Both held slot 0 at once, each from before the other's take
 		// until after it: a takeover whichever took first.
 		{"overlapping takes, each holding through the other's", Fixed(2), []Hold{
@@ -468,6 +474,20 @@ func TestCheckCapacity(t *testing.T) {
 	}
 	if v.MaxRunning != 5 {
 		t.Errorf("max running %d, want 5", v.MaxRunning)
+	}
+
+	// One holder of the first life not told of its end, while holders of
+	// the second (of 2) come and go: one episode, named once, though the
+	// count dips to the bound between them.
+	v = CheckTimeline([]Hold{
+		{Worker: 0, Slot: 1, Fence: 1, Call: 10, Acquired: 20, End: 200, Ended: true, Lost: true},
+		{Worker: 1, Slot: 0, Fence: 2, Call: 120, Acquired: 125, End: 130, Ended: true},
+		{Worker: 2, Slot: 1, Fence: 2, Call: 120, Acquired: 126, End: 140, Ended: true},
+		{Worker: 1, Slot: 0, Fence: 3, Call: 131, Acquired: 135, End: 150, Ended: true},
+		{Worker: 3, Slot: 1, Fence: 3, Call: 141, Acquired: 145, End: 150, Ended: true},
+	}, twoLives, 10*time.Second)
+	if v.Counts["capacity"] != 1 {
+		t.Errorf("violations %q, want one capacity episode", v.Violations)
 	}
 }
 
