@@ -33,7 +33,11 @@ type Report struct {
 	Fence  uint64 `json:"fence,omitempty"`
 	Call   int64  `json:"call,omitempty"` // Acquire's call
 	At     int64  `json:"at"`             // acq: Acquire's return; rel, lost: the end of the hold
-	Err    string `json:"err,omitempty"`
+	// Until is, for acq on NATS, the permit's deadline as it was handed
+	// out (natssem's Permit.Deadline: the holder's belief ends there
+	// unless it renews), for the log and for picking whom to stall.
+	Until int64  `json:"until,omitempty"`
+	Err   string `json:"err,omitempty"`
 }
 
 // Worker environment: a test binary started with WorkerEnv set runs
@@ -163,12 +167,16 @@ func RunWorker() int {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		report(Report{Op: "acq", Slot: p.Token().Index, Fence: p.Fence(), Call: call, At: time.Now().UnixNano()})
+		acq := Report{Op: "acq", Slot: p.Token().Index, Fence: p.Fence(), Call: call, At: time.Now().UnixNano()}
+		if dp, ok := p.(interface{ Deadline() time.Time }); ok {
+			acq.Until = dp.Deadline().UnixNano()
+		}
+		report(acq)
 		d := long.draw()
-		if woke && long.p > 0 && rand.IntN(2) == 0 {
+		if woke && long.p > 0 {
 			// A worker woken from a quiet rest (its semaphore may be a
-			// new life by now) holds long in one case of two: long
-			// enough for the lease and renewals of that life to matter.
+			// new life by now) holds long: long enough for the lease and
+			// renewals of that life to matter.
 			d = long.lo + rand.N(long.hi-long.lo+1)
 		}
 		woke = false
