@@ -488,13 +488,16 @@ func (r *run) verdict(recoveryBound time.Duration) {
 	holds := r.holds()
 	logInversions(t, holds)
 	tl := r.timeline()
-	seams := len(tl.Lives) > 1 || r.lives != nil
+	seams := tl.Lives[0].Created != math.MinInt64 // not Fixed
 	v := CheckTimeline(holds, tl, time.Minute)
 	r.mu.Lock()
 	faults := slices.Clone(r.faults)
 	kinds := fmt.Sprint(r.kinds)
 	r.mu.Unlock()
-	rec := recoveries(holds, faults)
+	var rec []time.Duration
+	if !seams {
+		rec = recoveries(holds, faults) // a slot may come back in another life, or never
+	}
 	lost := 0
 	for _, h := range holds {
 		if h.Lost {

@@ -117,20 +117,23 @@ func (s *seamRun) calm(d time.Duration) {
 func (s *seamRun) tracked(faults map[string]func()) map[string]func() {
 	out := make(map[string]func(), len(faults))
 	for k, f := range faults {
-		out[k] = func() {
-			s.calmMu.Lock()
-			s.inFlight++
-			s.calmMu.Unlock()
-			defer func() {
-				s.calmMu.Lock()
-				s.inFlight--
-				s.calmFrom = now()
-				s.calmMu.Unlock()
-			}()
-			f()
-		}
+		out[k] = func() { s.busy(f) }
 	}
 	return out
+}
+
+// busy runs the worker fault f, known to calm.
+func (s *seamRun) busy(f func()) {
+	s.calmMu.Lock()
+	s.inFlight++
+	s.calmMu.Unlock()
+	defer func() {
+		s.calmMu.Lock()
+		s.inFlight--
+		s.calmFrom = now()
+		s.calmMu.Unlock()
+	}()
+	f()
 }
 
 const (
@@ -295,7 +298,7 @@ func (s *seamRun) recreate(how int) {
 				if w, _ := s.holderSince(next.Ready); w != nil {
 					time.Sleep(rand.N(200 * time.Millisecond))
 					if w, _ = s.holderSince(next.Ready); w != nil {
-						s.holdWorker(s.ps, w, "stall", s.maxStall/4+rand.N(s.maxStall*3/4))
+						s.busy(func() { s.holdWorker(s.ps, w, "stall", s.maxStall/4+rand.N(s.maxStall*3/4)) })
 					}
 					return
 				}
@@ -306,9 +309,10 @@ func (s *seamRun) recreate(how int) {
 }
 
 // holderSince picks a holder whose hold began after t, or nil: on NATS
-// the one whose permit's deadline reaches furthest (one whose reach is
-// beyond 4/5 of its life's lease was claimed by a handle that trusted an
-// earlier life's configuration).
+// the one whose permit's deadline reaches furthest past its acquire (one
+// whose reach is beyond 4/5 of its life's lease was claimed by a handle
+// that trusted an earlier life's configuration); on RabbitMQ, whose
+// permits report no deadline, the one that has held longest.
 func (s *seamRun) holderSince(t int64) (*worker, int) {
 	s.meter.mu.Lock()
 	var ids []int
