@@ -64,7 +64,7 @@ func settle(t *testing.T, r *run, sem tokensem.Semaphore, inv reconciler.Invento
 	}
 	t.Logf("after the run: reconcile issued %d (tokens lost), removed %d; status tokens %d of %d, healthy %v",
 		rep.Issued, rep.Removed, st.Tokens, st.Permits, st.Healthy)
-	if st.Tokens != r.p.permits || !st.Healthy {
+	if st.Tokens != r.permitsNow() || !st.Healthy {
 		t.Errorf("after the run and a reconcile: %+v", st)
 	}
 }

@@ -29,6 +29,19 @@
 // reconcile must leave exactly N valid tokens, and a killed holder's slot
 // must come back within the lease plus a bound.
 //
+// The seam scenarios (TestChaosSeamsNATS, TestChaosSeamsRabbit; see
+// seams_test.go) reshape the semaphore under the workers: Delete and
+// ForceDelete, each followed by an Init of the name with another count and
+// (NATS) lease, resizes, repairs, lost claim queues (RabbitMQ) and stalled
+// links. Their history is checked against the Timeline the harness
+// recorded (CheckTimeline): fences grow per slot across lives, repairs and
+// resizes; no slot, and no slot of a later life, is held before every
+// earlier holder was told; and no more running holders at once than the
+// counts in force allow (max(old, new) for 2 s after a resize). A stalled
+// link excuses nothing there: its holder still runs its timers.
+//
 // TOKENSEM_CHAOS selects the profile: short (default, about 25 s per
 // scenario, in CI), long (5 minutes per scenario), or off.
+// TOKENSEM_CHAOS_DUMP names a directory where each run writes its history
+// (holds, faults, timeline) as JSON.
 package chaos

@@ -3,9 +3,11 @@ package chaos
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -31,6 +33,9 @@ type Hold struct {
 	Releasing int64
 	// Lost: the permit ended by a loss, seen at End.
 	Lost bool
+	// Deadline is, on NATS, the permit's deadline when it was handed out
+	// (0: unknown); for the log, not for the checker.
+	Deadline int64 `json:",omitempty"`
 	// Fault is the earliest instant at which a fault the harness injected
 	// (a kill, a freeze, a cut or delayed link, a broker restart) may have
 	// freed the slot behind this holder's back, or 0: see charge.
@@ -232,66 +237,310 @@ func Operations(holds []Hold) []porcupine.Operation {
 type Verdict struct {
 	Linearizable porcupine.CheckResult
 	// Violations lists what broke the safety rules outright (also seen by
-	// porcupine, named here for people).
+	// porcupine, named here for people); Counts counts them by rule (see
+	// Check), some of whose findings are named once per episode.
 	Violations []string
+	Rules      []string // the rule of each violation
+	Counts     map[string]int
 	// MaxHolders is the most holders at once by their own account (a
 	// frozen or cut-off holder counts until it saw its loss);
 	// MaxValidHolders counts only those whose fence was still the newest
 	// of their slot (what a fenced resource would accept).
 	MaxHolders, MaxValidHolders int
+	// MaxRunning is the most holders at once that believed they held with
+	// no fault to excuse them (see the capacity rule of Check).
+	MaxRunning int
 	// StaleOverlaps counts holds that a newer holder of the same slot
 	// overlapped before the old holder saw its loss: the frozen-holder
 	// window the fence is there for.
 	StaleOverlaps int
-	// Involved are the holds a named violation is about, for whoever reads
-	// a failure.
+	// Involved are the holds a named violation of holders (not of fences,
+	// whose message says all) is about, for whoever reads a failure.
 	Involved []Hold
 }
 
-// Check checks holds of a semaphore of permits slots.
+func (v *Verdict) add(rule, msg string, involved ...Hold) {
+	if v.Counts == nil {
+		v.Counts = map[string]int{}
+	}
+	v.Counts[rule]++
+	v.Violations = append(v.Violations, msg)
+	v.Rules = append(v.Rules, rule)
+	v.Involved = append(v.Involved, involved...)
+}
+
+// Check checks holds of a semaphore of permits slots that lives for ever.
 func Check(holds []Hold, permits int, timeout time.Duration) Verdict {
+	return CheckTimeline(holds, Fixed(permits), timeout)
+}
+
+// CheckTimeline checks holds against what the harness did to the
+// semaphore (tl). porcupine checks the per-slot fenced lock (Model), which
+// knows neither lives nor counts: a slot is its index, across lives,
+// repairs and resizes. The rules named for people, each of which, when it
+// fires, states something the timestamps prove (given the fences, where
+// two takes overlap in time: see order):
+//
+//   - "no life": a take made while no life of the semaphore existed.
+//   - "slot range": a slot at or above every count in force while the take
+//     was made.
+//   - "fence twice", "fence order": a slot's fences only grow, across lives
+//     too: no fence is given twice, and a take that returned before another
+//     was called has the lower fence.
+//   - "takeover": a slot held again before its earlier holder was freed:
+//     told of its loss, or struck by a fault that may free a slot behind
+//     its holder's back (Hold.Fault). "takeover or fence": the same, if
+//     the fences of two takes that overlapped in time tell their order;
+//     if not, a fence went back.
+//   - "seam": a slot of a life held before a holder of an earlier life
+//     (any slot) was freed.
+//   - "capacity": more holders at once, each believing it held and struck
+//     by no such fault (so holding, by the backends' promise that a
+//     running holder is told first), than the counts in force while they
+//     were admitted allow (Timeline.spans: max(old, new) while clients
+//     learn a resized count).
+func CheckTimeline(holds []Hold, tl Timeline, timeout time.Duration) Verdict {
 	var v Verdict
 	v.Linearizable = porcupine.CheckOperationsTimeout(Model, Operations(holds), timeout)
-
-	for _, h := range holds {
-		if h.Slot < 0 || h.Slot >= permits {
-			v.Violations = append(v.Violations, fmt.Sprintf("worker %d held slot %d of %d", h.Worker, h.Slot, permits))
+	if len(holds) == 0 {
+		return v
+	}
+	spans := tl.spans()
+	ls := make([]lives, len(holds))
+	adm := make([]int, len(holds))
+	for i, h := range holds {
+		ls[i], adm[i] = tl.livesOf(h), boundOver(spans, h.Call, h.Acquired)
+		if ls[i].lo > ls[i].hi {
+			v.add("no life", fmt.Sprintf("worker %d acquired slot %d (fence %d) while no life of the semaphore existed", h.Worker, h.Slot, h.Fence), h)
+		}
+		if h.Slot < 0 || h.Slot >= adm[i] {
+			v.add("slot range", fmt.Sprintf("worker %d held slot %d of %d%s", h.Worker, h.Slot, adm[i], tl.label(ls[i])), h)
 		}
 	}
-	for slot, hs := range bySlot(holds) {
+	checkFences(&v, holds, tl, ls)
+	checkTakeovers(&v, holds, tl, ls)
+	checkCapacity(&v, holds, tl, ls, adm)
+	v.MaxHolders, v.MaxValidHolders = sweep(holds)
+	return v
+}
+
+// checkFences names fences given twice or out of order, per slot.
+func checkFences(v *Verdict, holds []Hold, tl Timeline, ls []lives) {
+	slots := map[int][]int{}
+	for i, h := range holds {
+		slots[h.Slot] = append(slots[h.Slot], i)
+	}
+	for _, slot := range slices.Sorted(maps.Keys(slots)) {
+		hs := slots[slot]
 		// In fence order: the broker's order of the takes, if fences work.
-		slices.SortFunc(hs, func(a, b Hold) int { return cmp.Compare(a.Fence, b.Fence) })
-		latest := 0 // among lower fences, the hold whose Acquire began last
-		for i := 1; i < len(hs); i++ {
-			prev, cur := hs[i-1], hs[i]
+		slices.SortStableFunc(hs, func(a, b int) int { return cmp.Compare(holds[a].Fence, holds[b].Fence) })
+		latest := -1   // among lower fences, the hold whose Acquire began last
+		reported := -1 // the latest already named, so that one regression is named once
+		for k := 1; k < len(hs); k++ {
+			prev, cur := holds[hs[k-1]], holds[hs[k]]
 			if cur.Fence == prev.Fence {
-				v.Violations = append(v.Violations, fmt.Sprintf("slot %d: fence %d given twice (workers %d and %d)",
-					slot, cur.Fence, prev.Worker, cur.Worker))
+				v.add("fence twice", fmt.Sprintf("slot %d: fence %d given twice (workers %d%s and %d%s)",
+					slot, cur.Fence, prev.Worker, tl.label(ls[hs[k-1]]), cur.Worker, tl.label(ls[hs[k]])))
 			}
 			// A take that ended before another began must have the lower
 			// fence. (Timestamps are taken around the calls, so a holder
 			// paused right after Acquire returned reports a late Acquired:
 			// only non-overlapping calls are ordered.)
-			if hs[i-1].Call > hs[latest].Call {
-				latest = i - 1
+			if latest < 0 || prev.Call > holds[latest].Call {
+				latest = hs[k-1]
 			}
-			if l := hs[latest]; cur.Acquired < l.Call {
-				v.Violations = append(v.Violations, fmt.Sprintf("slot %d: fence %d (worker %d) after fence %d (worker %d)",
-					slot, l.Fence, l.Worker, cur.Fence, cur.Worker))
-			}
-			if cur.Acquired < prev.liveEnd() {
-				if cur.Acquired < prev.freeAfter() {
-					v.Violations = append(v.Violations, fmt.Sprintf("slot %d: worker %d acquired (fence %d) while worker %d held it (fence %d) with no fault to excuse it",
-						slot, cur.Worker, cur.Fence, prev.Worker, prev.Fence))
-					v.Involved = append(v.Involved, prev, cur)
-				} else {
-					v.StaleOverlaps++
-				}
+			if l := holds[latest]; cur.Acquired < l.Call && reported != latest {
+				reported = latest
+				v.add("fence order", fmt.Sprintf("slot %d: fence %d (worker %d%s) after fence %d (worker %d%s)",
+					slot, l.Fence, l.Worker, tl.label(ls[latest]), cur.Fence, cur.Worker, tl.label(ls[hs[k]])))
 			}
 		}
 	}
-	v.MaxHolders, v.MaxValidHolders = sweep(holds)
-	return v
+}
+
+// order reports whether p's take came before q's, and whether only their
+// fences say so. Takes whose calls did not overlap are ordered by time, and
+// takes of lives that certainly differ by life; overlapping takes by fence,
+// which is their order unless the fences are wrong (checkTakeovers then
+// looks at both orders).
+func order(p, q Hold, lp, lq lives) (first, byFence bool) {
+	switch {
+	case p.Acquired < q.Call:
+		return true, false
+	case q.Acquired < p.Call:
+		return false, false
+	case lp.before(lq):
+		return true, false
+	case lq.before(lp):
+		return false, false
+	case p.Fence != q.Fence:
+		return p.Fence < q.Fence, true
+	}
+	return p.Call < q.Call, true
+}
+
+// checkTakeovers names slots held again before their earlier holders were
+// freed (takeover), and lives whose slots were held before a holder of an
+// earlier life was freed (seam). Each stale holder is named once, with
+// the first hold that overlapped it; StaleOverlaps counts the stale
+// holders whose overlap a fault excuses.
+//
+// Sweep: a hold p is a candidate from its Call (its take came later) to
+// its liveEnd (it no longer believed). At each hold q's Acquired, a
+// candidate p whose take came before q's, of q's slot or of an earlier
+// life, must have been freed by then (p.freeAfter).
+func checkTakeovers(v *Verdict, holds []Hold, tl Timeline, ls []lives) {
+	const (
+		remove = iota
+		add
+		check
+	)
+	type event struct {
+		at   int64
+		kind int
+		i    int
+	}
+	events := make([]event, 0, 3*len(holds))
+	for i, h := range holds {
+		if end := h.liveEnd(); end > h.Call {
+			events = append(events, event{h.Call, add, i}, event{end, remove, i})
+		}
+		events = append(events, event{h.Acquired, check, i})
+	}
+	slices.SortFunc(events, func(a, b event) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.i, b.i))
+	})
+	active := map[int]bool{}
+	named := map[int]bool{} // stale holders already named
+	stale := map[int]bool{}
+	for _, e := range events {
+		switch e.kind {
+		case add:
+			active[e.i] = true
+			continue
+		case remove:
+			delete(active, e.i)
+			continue
+		}
+		qi, q := e.i, holds[e.i]
+		for _, pi := range slices.Sorted(maps.Keys(active)) {
+			p := holds[pi]
+			if pi == qi || named[pi] {
+				continue
+			}
+			sameSlot, earlierLife := p.Slot == q.Slot, ls[pi].before(ls[qi])
+			if !sameSlot && !earlierLife {
+				continue
+			}
+			first, byFence := order(p, q, ls[pi], ls[qi])
+			if !first {
+				continue // q came first: looked at from p's Acquired
+			}
+			pq := q.Acquired < p.freeAfter() // p not freed when q held
+			switch {
+			case !sameSlot && pq:
+				v.add("seam", fmt.Sprintf("worker %d acquired slot %d (fence %d%s) while worker %d still held slot %d (fence %d%s), untold of its life's end, with no fault to excuse it",
+					q.Worker, q.Slot, q.Fence, tl.label(ls[qi]), p.Worker, p.Slot, p.Fence, tl.label(ls[pi])), p, q)
+			case !sameSlot:
+				continue
+			case pq && !byFence:
+				v.add("takeover", fmt.Sprintf("slot %d: worker %d acquired (fence %d%s) while worker %d held it (fence %d%s) with no fault to excuse it",
+					q.Slot, q.Worker, q.Fence, tl.label(ls[qi]), p.Worker, p.Fence, tl.label(ls[pi])), p, q)
+			case pq && p.Acquired < q.freeAfter():
+				// Whichever took first was not freed when the other held.
+				v.add("takeover", fmt.Sprintf("slot %d: workers %d (fence %d%s) and %d (fence %d%s) held it at once, the first to take it not freed when the other held it, with no fault to excuse it (their Acquire calls overlapped)",
+					q.Slot, p.Worker, p.Fence, tl.label(ls[pi]), q.Worker, q.Fence, tl.label(ls[qi])), p, q)
+			case pq && p.Fence == q.Fence:
+				continue // no order at all: "fence twice" names the two
+			case pq:
+				// Only the fences' order makes it a takeover; the other order
+				// makes the fence go back.
+				v.add("takeover or fence", fmt.Sprintf("slot %d: either worker %d acquired (fence %d%s) while worker %d held it (fence %d%s) with no fault to excuse it, or fence %d came after fence %d (their Acquire calls overlapped)",
+					q.Slot, q.Worker, q.Fence, tl.label(ls[qi]), p.Worker, p.Fence, tl.label(ls[pi]), p.Fence, q.Fence), p, q)
+			default:
+				if q.Acquired < p.liveEnd() {
+					stale[pi] = true
+				}
+				continue
+			}
+			named[pi] = true
+		}
+	}
+	v.StaleOverlaps = len(stale)
+}
+
+// checkCapacity names the episodes (one for each longest holder in one)
+// in which more holders believed they held at once, none of them struck by a fault that excuses a takeover,
+// than admission allowed: each such holder holds by the backends' promise
+// that a running holder is told of a loss before anyone else may take its
+// slot. A frozen or killed holder counts until the fault (the fence is the
+// remedy for it). A holder was admitted by at most adm, the largest bound
+// in force during its Acquire (Timeline.spans); for every k, the holders
+// admitted by at most k must be at most k at any instant: each holds a
+// slot below k. (So the rule follows from the slot range, takeover and
+// seam rules; it states the promise of at most N holders in its own
+// terms.)
+func checkCapacity(v *Verdict, holds []Hold, tl Timeline, ls []lives, adm []int) {
+	type event struct {
+		at    int64
+		delta int // -1 an end, +1 a start
+		i     int
+	}
+	var events []event
+	for i, h := range holds {
+		if end := min(h.liveEnd(), h.freeAfter()); end > h.Acquired {
+			events = append(events, event{h.Acquired, +1, i}, event{end, -1, i})
+		}
+	}
+	slices.SortFunc(events, func(a, b event) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.delta, b.delta))
+	})
+	base := slices.MinFunc(holds, func(a, b Hold) int { return cmp.Compare(a.Call, b.Call) }).Call
+	active := map[int]bool{}
+	over := false
+	oldest := map[int]bool{} // the longest holder of each episode named
+	for k, e := range events {
+		if e.delta > 0 {
+			active[e.i] = true
+		} else {
+			delete(active, e.i)
+		}
+		if k+1 < len(events) && events[k+1].at == e.at {
+			continue // the instant is not over
+		}
+		v.MaxRunning = max(v.MaxRunning, len(active))
+		held := slices.SortedFunc(maps.Keys(active), func(a, b int) int {
+			return cmp.Or(cmp.Compare(adm[a], adm[b]), cmp.Compare(a, b))
+		})
+		n := 0 // the most holders admitted by at most adm[held[n-1]], beyond it
+		for i, h := range held {
+			if i+1 > adm[h] && (i+1 == len(held) || adm[held[i+1]] > adm[h]) {
+				n = i + 1
+			}
+		}
+		if n == 0 {
+			over = false
+			continue
+		}
+		if over {
+			continue // one episode, named at its start
+		}
+		over = true
+		first := slices.MinFunc(held, func(a, b int) int { return cmp.Compare(holds[a].Acquired, holds[b].Acquired) })
+		if oldest[first] {
+			continue // its longest holder's episode again, as others come and go
+		}
+		oldest[first] = true
+		var who []string
+		var involved []Hold
+		for _, i := range held {
+			h := holds[i]
+			who = append(who, fmt.Sprintf("worker %d slot %d fence %d%s admitted by %d", h.Worker, h.Slot, h.Fence, tl.label(ls[i]), adm[i]))
+			involved = append(involved, h)
+		}
+		v.add("capacity", fmt.Sprintf("at %+.3f s, %d holders held at once with no fault to excuse any, %d of them admitted while at most %d were allowed: %s",
+			float64(e.at-base)/1e9, len(held), n, adm[held[n-1]], strings.Join(who, "; ")), involved...)
+	}
 }
 
 // sweep counts concurrent holders over time.

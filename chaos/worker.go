@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,12 +28,16 @@ import (
 // Report is one line a worker sends the meter.
 type Report struct {
 	Worker int    `json:"w"`
-	Op     string `json:"op"` // "acq", "releasing" (before Release), "rel", "lost", "fail" (an Acquire that failed)
+	Op     string `json:"op"` // "acq", "releasing" (before Release), "rel", "lost", "fail" (an Acquire that failed), "reopen" (the semaphore is gone: opened again)
 	Slot   int    `json:"slot,omitempty"`
 	Fence  uint64 `json:"fence,omitempty"`
 	Call   int64  `json:"call,omitempty"` // Acquire's call
 	At     int64  `json:"at"`             // acq: Acquire's return; rel, lost: the end of the hold
-	Err    string `json:"err,omitempty"`
+	// Until is, for acq on NATS, the permit's deadline as it was handed
+	// out (natssem's Permit.Deadline: the holder's belief ends there
+	// unless it renews), for the log and for picking whom to stall.
+	Until int64  `json:"until,omitempty"`
+	Err   string `json:"err,omitempty"`
 }
 
 // Worker environment: a test binary started with WorkerEnv set runs
@@ -47,13 +52,61 @@ const (
 	// skewEnv, a duration, makes the worker read the NATS server's clock
 	// that far ahead (see testhook.SetServerClockAhead).
 	skewEnv = "TOKENSEM_CHAOS_SKEW"
+	// longEnv, "P:MIN-MAX" (e.g. "0.1:300ms-3s"), makes a hold last
+	// between MIN and MAX with probability P, instead of 2-20 ms.
+	longEnv = "TOKENSEM_CHAOS_LONG"
+	// idleEnv, "P:MIN-MAX", makes the worker rest between MIN and MAX
+	// after a hold with probability P, keeping its semaphore open.
+	idleEnv = "TOKENSEM_CHAOS_IDLE"
 )
 
+// chance is a "P:MIN-MAX" setting: with probability p, a duration between
+// lo and hi.
+type chance struct {
+	p      float64
+	lo, hi time.Duration
+}
+
+func parseChance(env string) (chance, error) {
+	v := os.Getenv(env)
+	if v == "" {
+		return chance{}, nil
+	}
+	ps, ds, ok1 := strings.Cut(v, ":")
+	los, his, ok2 := strings.Cut(ds, "-")
+	p, err1 := strconv.ParseFloat(ps, 64)
+	lo, err2 := time.ParseDuration(los)
+	hi, err3 := time.ParseDuration(his)
+	if !ok1 || !ok2 || errors.Join(err1, err2, err3) != nil || hi < lo {
+		return chance{}, fmt.Errorf("%s=%q: want P:MIN-MAX", env, v)
+	}
+	return chance{p, lo, hi}, nil
+}
+
+// draw returns a duration with probability c.p, else 0.
+func (c chance) draw() time.Duration {
+	if c.p == 0 || rand.Float64() >= c.p {
+		return 0
+	}
+	return c.lo + rand.N(c.hi-c.lo+1)
+}
+
 // RunWorker acquires, holds for a few milliseconds and releases, over and
-// over, reporting every step to the meter, until SIGTERM. It returns the
-// process exit code.
+// over, reporting every step to the meter, until SIGTERM. When its
+// semaphore is gone (deleted: ErrNotInitialized), it opens the name again,
+// waiting for the next Init. It returns the process exit code.
 func RunWorker() int {
 	id, _ := strconv.Atoi(os.Getenv(WorkerEnv))
+	long, err := parseChance(longEnv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	idle, err := parseChance(idleEnv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
 	if v := os.Getenv(skewEnv); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -79,32 +132,66 @@ func RunWorker() int {
 			os.Exit(1)
 		}
 	}
+	q := listenQuiet(m)
 	sem, closeSem, err := openSemaphore(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker: open:", err)
 		return 1
 	}
-	defer closeSem()
+	defer func() { closeSem() }()
+	woke := false // the last rest was one the meter asked for
 	for ctx.Err() == nil {
+		if q.rest(ctx) {
+			woke = true
+		}
 		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		stop := q.cancelOnQuiet(cancel)
 		call := time.Now().UnixNano()
 		p, err := sem.Acquire(actx)
+		stop()
 		cancel()
 		if err != nil {
-			if ctx.Err() == nil {
-				report(Report{Op: "fail", Call: call, At: time.Now().UnixNano(), Err: err.Error()})
-				time.Sleep(10 * time.Millisecond)
+			if ctx.Err() != nil || q.resting() {
+				continue
 			}
+			report(Report{Op: "fail", Call: call, At: time.Now().UnixNano(), Err: err.Error()})
+			if errors.Is(err, tokensem.ErrNotInitialized) || errors.Is(err, tokensem.ErrClosed) {
+				closeSem()
+				if sem, closeSem, err = openSemaphore(ctx); err != nil {
+					closeSem = func() {}
+					return 0 // ctx ended
+				}
+				report(Report{Op: "reopen", At: time.Now().UnixNano()})
+				continue
+			}
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		report(Report{Op: "acq", Slot: p.Token().Index, Fence: p.Fence(), Call: call, At: time.Now().UnixNano()})
-		hold := time.NewTimer(time.Duration(2+rand.IntN(18)) * time.Millisecond)
+		acq := Report{Op: "acq", Slot: p.Token().Index, Fence: p.Fence(), Call: call, At: time.Now().UnixNano()}
+		if dp, ok := p.(interface{ Deadline() time.Time }); ok {
+			acq.Until = dp.Deadline().UnixNano()
+		}
+		report(acq)
+		d := long.draw()
+		if woke && long.p > 0 {
+			// A worker woken from a quiet rest (its semaphore may be a
+			// new life by now) holds long: long enough for the lease and
+			// renewals of that life to matter.
+			d = long.lo + rand.N(long.hi-long.lo+1)
+		}
+		woke = false
+		if d == 0 {
+			d = time.Duration(2+rand.IntN(18)) * time.Millisecond
+		}
+		hold := time.NewTimer(d)
 		select {
 		case <-p.Done():
 			hold.Stop()
 			report(Report{Op: "lost", Slot: p.Token().Index, Fence: p.Fence(), At: time.Now().UnixNano(), Err: errString(p.Err())})
 			continue
 		case <-hold.C:
+		case <-q.hush:
+			hold.Stop()
 		case <-ctx.Done():
 			hold.Stop()
 		}
@@ -121,8 +208,94 @@ func RunWorker() int {
 			op = "lost"
 		}
 		report(Report{Op: op, Slot: p.Token().Index, Fence: p.Fence(), At: end, Err: errString(err)})
+		if d := idle.draw(); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+			}
+		}
 	}
 	return 0
+}
+
+// quiet is the meter's word to rest: "quiet D" on the worker's meter
+// connection ends its wait in Acquire or its hold (it releases) and keeps
+// it from acquiring for D, with its semaphore open.
+type quiet struct {
+	mu     sync.Mutex
+	until  time.Time
+	cancel context.CancelFunc // of the Acquire under way
+	hush   chan struct{}      // a hold under way ends when it receives
+}
+
+func listenQuiet(m net.Conn) *quiet {
+	q := &quiet{hush: make(chan struct{}, 1)}
+	go func() {
+		sc := bufio.NewScanner(m)
+		for sc.Scan() {
+			v, ok := strings.CutPrefix(sc.Text(), "quiet ")
+			d, err := time.ParseDuration(v)
+			if !ok || err != nil {
+				continue
+			}
+			q.mu.Lock()
+			q.until = time.Now().Add(d)
+			if q.cancel != nil {
+				q.cancel()
+			}
+			q.mu.Unlock()
+			select {
+			case q.hush <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return q
+}
+
+// rest waits while the worker is told to be quiet, and reports whether it
+// did.
+func (q *quiet) rest(ctx context.Context) (rested bool) {
+	for ctx.Err() == nil {
+		select {
+		case <-q.hush: // said before or during this rest
+		default:
+		}
+		q.mu.Lock()
+		d := time.Until(q.until)
+		q.mu.Unlock()
+		if d <= 0 {
+			return rested
+		}
+		rested = true
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
+	return rested
+}
+
+func (q *quiet) resting() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return time.Now().Before(q.until)
+}
+
+// cancelOnQuiet makes a quiet word cancel the Acquire under way, until
+// the returned stop is called.
+func (q *quiet) cancelOnQuiet(cancel context.CancelFunc) (stop func()) {
+	q.mu.Lock()
+	q.cancel = cancel
+	if time.Now().Before(q.until) {
+		cancel() // said since rest returned
+	}
+	q.mu.Unlock()
+	return func() {
+		q.mu.Lock()
+		q.cancel = nil
+		q.mu.Unlock()
+	}
 }
 
 func errString(err error) string {
@@ -133,13 +306,18 @@ func errString(err error) string {
 }
 
 // openSemaphore connects to the broker (retrying while it is down) and
-// opens the semaphore.
+// opens the semaphore (retrying while it does not exist).
 func openSemaphore(ctx context.Context) (tokensem.Semaphore, func(), error) {
 	name, url := os.Getenv(nameEnv), os.Getenv(urlEnv)
 	for {
 		s, closeFn, err := tryOpen(ctx, os.Getenv(backendEnv), url, name)
 		if err == nil || ctx.Err() != nil {
 			return s, closeFn, err
+		}
+		if errors.Is(err, tokensem.ErrNotInitialized) {
+			// Deleted, and not made again yet: look again soon.
+			time.Sleep(20*time.Millisecond + rand.N(20*time.Millisecond))
+			continue
 		}
 		fmt.Fprintln(os.Stderr, "worker: open (retrying):", err)
 		time.Sleep(200 * time.Millisecond)
