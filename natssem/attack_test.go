@@ -1,0 +1,712 @@
+package natssem_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/faultproxy"
+	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/reconciler"
+)
+
+// Attacks on the seams between a semaphore's lives (DESIGN.md, guarantee
+// 5), run against real servers. Each one watches every permit it is
+// handed with lifeWatch, whose verdict is the product's promise: at any
+// instant the permits that believe they hold (Err nil, Done open, before
+// their deadline, not being released by the test) belong to one life, are
+// no more than that life's count, and hold distinct slots; and a slot's
+// fence only grows for a name.
+
+// lifeWatch records every permit a test acquires, across lives of one
+// name, and checks them every couple of milliseconds and at every
+// acquisition.
+type lifeWatch struct {
+	t *testing.T
+
+	mu     sync.Mutex
+	lives  map[uint64]int // epoch -> permit count of that life
+	held   []*lifeHeld    // permits that may still believe they hold
+	fences []fenceNote    // every acquisition, for the fence check
+	bad    []string       // the first few violations
+	nbad   int            // how many checks found one
+	adds   int
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type lifeHeld struct {
+	who       string
+	p         *natssem.Permit
+	at        time.Time
+	releasing bool // the test is releasing it: it no longer counts
+}
+
+// fenceNote is one acquisition: the slot, its fence, and when the Acquire
+// call began and returned.
+type fenceNote struct {
+	who        string
+	epoch      uint64
+	index      int
+	fence      uint64
+	start, end time.Time
+}
+
+func newLifeWatch(t *testing.T) *lifeWatch {
+	w := &lifeWatch{t: t, lives: map[uint64]int{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.poll()
+	t.Cleanup(func() {
+		w.close()
+		w.mu.Lock()
+		held := w.held
+		w.mu.Unlock()
+		for _, h := range held {
+			_ = h.p.Release(context.WithoutCancel(t.Context()))
+		}
+	})
+	return w
+}
+
+// believes reports whether p believes it holds its permit now: no error,
+// Done open, and its deadline not passed (a Done closed a few
+// milliseconds late by the scheduler does not count).
+func believes(p *natssem.Permit) bool {
+	select {
+	case <-p.Done():
+		return false
+	default:
+	}
+	return p.Err() == nil && time.Now().Before(p.Deadline())
+}
+
+// life notes the permit count of the life epoch names.
+func (w *lifeWatch) life(epoch uint64, permits int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lives[epoch] = permits
+}
+
+// add records a permit Acquire returned; started is when that call began.
+func (w *lifeWatch) add(who string, p *natssem.Permit, started time.Time) *lifeHeld {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := &lifeHeld{who: who, p: p, at: time.Now()}
+	w.held = append(w.held, h)
+	w.adds++
+	tok := p.Token()
+	w.fences = append(w.fences, fenceNote{who: who, epoch: tok.Epoch, index: tok.Index, fence: p.Fence(), start: started, end: h.at})
+	w.checkLocked("at the acquisition of " + who)
+	return h
+}
+
+// release stops counting h (the caller gives it up) and releases it.
+func (w *lifeWatch) release(ctx context.Context, h *lifeHeld) error {
+	w.mu.Lock()
+	h.releasing = true
+	w.mu.Unlock()
+	return h.p.Release(ctx)
+}
+
+func (w *lifeWatch) checkLocked(when string) {
+	var live []*lifeHeld
+	keep := w.held[:0]
+	for _, h := range w.held {
+		if h.releasing || !believes(h.p) {
+			select {
+			case <-h.p.Done():
+				continue // gone for good: forget it
+			default:
+			}
+			keep = append(keep, h)
+			continue
+		}
+		keep = append(keep, h)
+		live = append(live, h)
+	}
+	w.held = keep
+	if len(live) < 2 {
+		return
+	}
+	byLife := map[uint64][]*lifeHeld{}
+	for _, h := range live {
+		byLife[h.p.Token().Epoch] = append(byLife[h.p.Token().Epoch], h)
+	}
+	var why []string
+	if len(byLife) > 1 {
+		why = append(why, fmt.Sprintf("permits of %d lives valid at once", len(byLife)))
+	}
+	for epoch, hs := range byLife {
+		if n, ok := w.lives[epoch]; ok && len(hs) > n {
+			why = append(why, fmt.Sprintf("%d valid permits of life %d, whose count is %d", len(hs), epoch, n))
+		}
+		slots := map[int]bool{}
+		for _, h := range hs {
+			if slots[h.p.Token().Index] {
+				why = append(why, fmt.Sprintf("two valid permits of slot %d of life %d", h.p.Token().Index, epoch))
+			}
+			slots[h.p.Token().Index] = true
+		}
+	}
+	if len(why) == 0 {
+		return
+	}
+	if w.nbad++; w.nbad > 5 {
+		return
+	}
+	var desc []string
+	for _, h := range live {
+		desc = append(desc, fmt.Sprintf("%s (slot %d of life %d, fence %d, acquired %v ago, believes for %v more)",
+			h.who, h.p.Token().Index, h.p.Token().Epoch, h.p.Fence(), time.Since(h.at).Round(time.Millisecond),
+			time.Until(h.p.Deadline()).Round(time.Millisecond)))
+	}
+	w.bad = append(w.bad, fmt.Sprintf("%s: %s: %s", when, strings.Join(why, "; "), strings.Join(desc, "; ")))
+}
+
+func (w *lifeWatch) poll() {
+	defer close(w.done)
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		w.checkLocked("while polling")
+		w.mu.Unlock()
+	}
+}
+
+func (w *lifeWatch) close() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// violations returns how many checks found a violation.
+func (w *lifeWatch) violations() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.nbad
+}
+
+// verdict stops the watch and fails the test on any violation, of the
+// holders or of the fences: of two acquisitions of one slot of the name,
+// where the second Acquire began after the first returned, the second's
+// fence must be greater.
+func (w *lifeWatch) verdict() {
+	w.t.Helper()
+	w.close()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.nbad > 0 {
+		w.t.Errorf("the promise broke (%d checks found it); first:\n  %s", w.nbad, strings.Join(w.bad, "\n  "))
+	}
+	bySlot := map[int][]fenceNote{}
+	for _, f := range w.fences {
+		bySlot[f.index] = append(bySlot[f.index], f)
+	}
+	backs := 0
+	for idx, fs := range bySlot {
+		sort.Slice(fs, func(i, j int) bool { return fs[i].end.Before(fs[j].end) })
+		for j, b := range fs {
+			for _, a := range fs[:j] {
+				if a.end.Before(b.start) && b.fence <= a.fence {
+					if backs++; backs <= 5 {
+						w.t.Errorf("slot %d's fence went back: %s got %d (life %d), after %s got %d (life %d) and returned %v before",
+							idx, b.who, b.fence, b.epoch, a.who, a.fence, a.epoch, b.start.Sub(a.end).Round(time.Microsecond))
+					}
+				}
+			}
+		}
+	}
+	w.t.Logf("watched %d acquisitions over %d lives", w.adds, len(w.lives))
+}
+
+// epochOf returns the epoch of the life s sees now (from its Status).
+func lifeEpoch(t *testing.T, ctx context.Context, s *natssem.Semaphore) uint64 {
+	t.Helper()
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	return st.Epoch
+}
+
+// slotRecord reads slot i's record of semaphore name (a key of group when
+// group is set) as raw JSON fields.
+func slotRecord(ctx context.Context, js jetstream.JetStream, name, group string, i int) (map[string]any, uint64, error) {
+	bucket, key := natssem.BucketName(name), fmt.Sprintf("slot.%d", i)
+	if group != "" {
+		bucket, key = natssem.GroupBucketName(group), fmt.Sprintf("%s.slot.%d", name, i)
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, 0, err
+	}
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, 0, err
+	}
+	return rec, e.Revision(), nil
+}
+
+// waitFor polls cond every 2 ms until it holds or d passes.
+func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// holdersConsumer returns the token consumer of semaphore name (a key of
+// group when group is set).
+func holdersConsumer(t *testing.T, ctx context.Context, js jetstream.JetStream, name, group string) jetstream.Consumer {
+	t.Helper()
+	stream, cons := natssem.StreamName(name), "holders"
+	if group != "" {
+		stream, cons = natssem.GroupStreamName(group), "holders_"+name
+	}
+	c, err := js.Consumer(ctx, stream, cons)
+	if err != nil {
+		t.Fatalf("the token consumer: %v", err)
+	}
+	return c
+}
+
+// TestAttackShrunkSlotClaimedDuringForceDelete: a token of a slot that a
+// shrink retired, delivered but not yet claimed when the shrink removed its
+// message, is claimed while a ForceDelete waits out the leases of the
+// slots it closed. ForceDelete closes only the slots of the count, of the
+// records and of the tokens it finds, so this slot (never written, its
+// message gone) stays open: the claimer writes it Pending and confirms it
+// against the configuration, which still names its life (being deleted).
+//
+// The claimer C reaches the server through a proxy paused from the
+// delivery until the ForceDelete is in its wait; the token reached C's
+// queued pull when another client handed it back unclaimed (a caller that
+// gave up does exactly that; here a plain JetStream fetch and Nak stand in
+// for it). When the ForceDelete returns, Init makes the name again with one
+// permit and a client holds it: C must not believe it holds a permit then.
+func TestAttackShrunkSlotClaimedDuringForceDelete(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		group bool
+	}{{name: "lone"}, {name: "key of a group", group: true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const lease = 3 * time.Second
+			ctx := semtest.Context(t, 2*time.Minute)
+			addr := srv.Addr().String()
+			name, group := seamName("attack-shrunk"), ""
+			opts := []natssem.Option{natssem.WithLease(lease)}
+			if tc.group {
+				group = seamName("attack-shrunk-group")
+				opts = append(opts, natssem.WithGroup(group))
+			}
+			in := opts[1:] // WithGroup, if any
+			adminNC := connect(t, addr)
+			admin, err := natssem.Init(ctx, adminNC, name, 2, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = admin.Close() })
+			w := newLifeWatch(t)
+			w.life(lifeEpoch(t, ctx, admin), 2)
+
+			h, err := natssem.Open(ctx, connect(t, addr), name, in...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = h.Close() })
+			start := time.Now()
+			ph := acquireSeam(t, h, "H")
+			w.add("H (holder of slot 0, earlier life)", ph, start)
+			if ph.Token().Index != 0 {
+				t.Fatalf("H got slot %d, the test needs it to get slot 0 (the first token)", ph.Token().Index)
+			}
+
+			// Token 1 goes to a plain fetch, which hands it back later.
+			rawJS, err := jetstream.New(connect(t, addr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cons := holdersConsumer(t, ctx, rawJS, name, group)
+			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var raw jetstream.Msg
+			for m := range batch.Messages() {
+				raw = m
+			}
+			if raw == nil {
+				t.Fatalf("the plain fetch got no token: %v", batch.Error())
+			}
+
+			// C: a client whose every byte goes through a proxy.
+			px, err := faultproxy.New(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = px.Close() })
+			c, err := natssem.Open(ctx, connect(t, px.Addr()), name, in...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			opened := time.Now()
+			type result struct {
+				p   *natssem.Permit
+				err error
+			}
+			got := make(chan result, 1)
+			cctx, cancelC := context.WithTimeout(ctx, 20*time.Second)
+			defer cancelC()
+			cStart := time.Now()
+			go func() {
+				p, err := c.Acquire(cctx)
+				if err != nil {
+					got <- result{err: err}
+					return
+				}
+				got <- result{p: p.(*natssem.Permit)}
+			}()
+			pollUntil(t, 5*time.Second, "C's pull to be queued", func() bool {
+				info, err := cons.Info(ctx)
+				return err == nil && info.NumWaiting >= 1
+			})
+			px.Pause()
+			if err := raw.Nak(); err != nil {
+				t.Fatal(err)
+			}
+			pollUntil(t, 5*time.Second, "token 1 to be delivered to C's pull", func() bool {
+				info, err := cons.Info(ctx)
+				return err == nil && info.NumWaiting == 0 && info.NumAckPending == 2
+			})
+
+			// The shrink removes token 1's message: retired, and no record
+			// says anyone holds it.
+			rep, err := admin.Resize(ctx, 1)
+			if err != nil {
+				t.Fatalf("resize: %v", err)
+			}
+			t.Logf("resize to 1: removed %d, issued %d", rep.Removed, rep.Issued)
+
+			fdDone := make(chan error, 1)
+			go func() { fdDone <- natssem.ForceDelete(ctx, adminNC, name, in...) }()
+			pollUntil(t, 10*time.Second, "the ForceDelete to close slot 0", func() bool {
+				rec, _, err := slotRecord(ctx, rawJS, name, group, 0)
+				return err == nil && rec["del"] == true
+			})
+			t.Logf("C resumes %v after it opened the semaphore", time.Since(opened).Round(time.Millisecond))
+			px.Resume()
+
+			var pc *natssem.Permit
+			select {
+			case r := <-got:
+				if r.err != nil {
+					t.Logf("C's Acquire: %v (no permit: the claim was refused)", r.err)
+				} else {
+					pc = r.p
+					w.add("C (claimed retired slot 1 during the ForceDelete)", pc, cStart)
+					t.Logf("C holds slot %d of life %d, fence %d, while the ForceDelete waits", pc.Token().Index, pc.Token().Epoch, pc.Fence())
+				}
+			case <-time.After(lease):
+				t.Logf("C got no permit within %v", lease)
+			}
+
+			if err := <-fdDone; err != nil {
+				t.Fatalf("force delete: %v", err)
+			}
+			fdReturned := time.Now()
+			cValidAtReturn := pc != nil && believes(pc)
+			second, err := natssem.Init(ctx, connect(t, addr), name, 1, opts...)
+			if err != nil {
+				t.Fatalf("init of the new life: %v", err)
+			}
+			t.Cleanup(func() { _ = second.Close() })
+			w.life(lifeEpoch(t, ctx, second), 1)
+			start = time.Now()
+			pb := acquireSeam(t, second, "B")
+			w.add("B (holder of the new life)", pb, start)
+			t.Logf("B holds slot %d of the new life %v after the ForceDelete returned; C believed at that return: %v",
+				pb.Token().Index, time.Since(fdReturned).Round(time.Millisecond), cValidAtReturn)
+			if pc != nil {
+				pollUntil(t, 2*lease, "C to learn of its loss", func() bool { return !believes(pc) })
+				t.Logf("C learned %v after the ForceDelete returned: %v", time.Since(fdReturned).Round(time.Millisecond), pc.Err())
+			}
+			w.verdict()
+			if cValidAtReturn {
+				t.Errorf("C, whose permit was granted after the ForceDelete closed the slots, still believed it held when ForceDelete returned")
+			}
+		})
+	}
+}
+
+
+// churnConfig is one run of churn.
+type churnConfig struct {
+	lives    int
+	counts   []int           // permit count of life i: counts[i%len]
+	leases   []time.Duration // lease of life i: leases[i%len]
+	group    bool
+	replicas int
+	// connect connects a client; i spreads clients over nodes.
+	connect func(t *testing.T, i int) *nats.Conn
+	// resize and reconcile: each life's handle resizes and reconciles
+	// (with repair) it while it lives.
+	resize, reconcile bool
+	// during runs once, in the middle of the run, beside the churn (a node
+	// stopped and restarted).
+	during func(t *testing.T, ctx context.Context, name string, opts []natssem.Option)
+}
+
+// churn makes and ends lives of one name, quickly, while handles opened in
+// every earlier life stay open and keep acquiring: each life is made by
+// Init with its own count and lease, gets a handle of its own that joins
+// the acquirers, lives 100-600 ms, and ends by Delete (or ForceDelete when
+// Delete finds a holder, and every third life by ForceDelete at once).
+// Every permit goes through the lifeWatch.
+func churn(t *testing.T, cc churnConfig) {
+	ctx := semtest.Context(t, 5*time.Minute)
+	name := seamName("attack-churn")
+	var opts []natssem.Option
+	if cc.group {
+		opts = append(opts, natssem.WithGroup(seamName("attack-churn-group")))
+	}
+	if cc.replicas > 0 {
+		opts = append(opts, natssem.WithReplicas(cc.replicas))
+	}
+	w := newLifeWatch(t)
+	var (
+		wg      sync.WaitGroup
+		stop    = make(chan struct{})
+		mu      sync.Mutex
+		errs    = map[string]int{}
+		samples []string
+		acq     int
+		quiet   sync.RWMutex // held for writing while a life ends by a Delete nobody blocks
+	)
+	note := func(who string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		key := who + ": " + errClass(err)
+		if errs[key]++; errs[key] <= 2 {
+			samples = append(samples, fmt.Sprintf("%s: %v", who, err))
+		}
+	}
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
+	acquirer := func(who string, s *natssem.Semaphore, seed int) {
+		defer wg.Done()
+		for i := 0; !stopped(); i++ {
+			quiet.RLock()
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			start := time.Now()
+			tp, err := s.Acquire(actx)
+			cancel()
+			if err != nil {
+				quiet.RUnlock()
+				if !errors.Is(err, context.DeadlineExceeded) {
+					note("acquire", err)
+					time.Sleep(10 * time.Millisecond)
+				}
+				continue
+			}
+			p := tp.(*natssem.Permit)
+			h := w.add(who, p, start)
+			mu.Lock()
+			acq++
+			mu.Unlock()
+			hold := time.Duration((seed*7+i*13)%100) * time.Millisecond
+			select {
+			case <-p.Done():
+			case <-time.After(hold):
+			}
+			if err := w.release(context.WithoutCancel(ctx), h); err != nil && !errors.Is(err, tokensem.ErrLeaseLost) {
+				note("release", err)
+			}
+			quiet.RUnlock()
+		}
+	}
+	maxCount := map[uint64]int{}
+	var handles []*natssem.Semaphore
+	t.Cleanup(func() {
+		for _, s := range handles {
+			_ = s.Close()
+		}
+	})
+	adminNC := cc.connect(t, 0)
+	var ends []string
+	for life := range cc.lives {
+		if life == cc.lives/2 && cc.during != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cc.during(t, ctx, name, opts)
+			}()
+		}
+		n, lease := cc.counts[life%len(cc.counts)], cc.leases[life%len(cc.leases)]
+		s, err := natssem.Init(ctx, cc.connect(t, life), name, n, append(opts, natssem.WithLease(lease))...)
+		if err != nil {
+			t.Fatalf("life %d: init: %v", life, err)
+		}
+		handles = append(handles, s)
+		epoch := lifeEpoch(t, ctx, s)
+		maxCount[epoch] = n
+		w.life(epoch, n)
+		for k := range 2 {
+			wg.Add(1)
+			go acquirer(fmt.Sprintf("acquirer %d of life %d", k, life), s, life*2+k)
+		}
+		// Resizes and reconciles of this life, on its handle, while it
+		// lives (and, as the handle stays open, on later lives too until
+		// the life after next begins).
+		lifeDone := make(chan struct{})
+		if cc.resize || cc.reconcile {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := 0; ; r++ {
+					select {
+					case <-lifeDone:
+						return
+					case <-time.After(30 * time.Millisecond):
+					}
+					if cc.resize && r%2 == 0 {
+						to := n + r%3 - 1
+						if to < 1 {
+							to = 1
+						}
+						// Admission stays within the largest count this
+						// life had (Resize's own promise): note it first.
+						w.mu.Lock()
+						if to > w.lives[epoch] {
+							w.lives[epoch] = to
+						}
+						w.mu.Unlock()
+						if _, err := s.Resize(ctx, to); err != nil {
+							note("resize", err)
+						}
+					}
+					if cc.reconcile {
+						if _, err := reconcileOnce(ctx, s); err != nil {
+							note("reconcile", err)
+						}
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(100+(life*137)%500) * time.Millisecond)
+		close(lifeDone)
+		how := "delete"
+		if life%3 == 1 {
+			// Every acquirer finishes its call and none starts another:
+			// a Delete that no holder blocks.
+			quiet.Lock()
+			how = "quiet delete"
+			err = natssem.Delete(ctx, adminNC, name, opts...)
+			quiet.Unlock()
+		} else if life%3 == 2 {
+			how = "forcedelete"
+			err = natssem.ForceDelete(ctx, adminNC, name, opts...)
+		} else {
+			err = natssem.Delete(ctx, adminNC, name, opts...)
+			if errors.Is(err, tokensem.ErrHeld) {
+				how = "delete refused, then forcedelete"
+				err = natssem.ForceDelete(ctx, adminNC, name, opts...)
+			}
+		}
+		if err != nil {
+			t.Fatalf("life %d: %s: %v", life, how, err)
+		}
+		ends = append(ends, fmt.Sprintf("life %d (N=%d, lease %v): %s", life, n, lease, how))
+	}
+	close(stop)
+	wg.Wait()
+	w.verdict()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d acquisitions; lives: %s", acq, strings.Join(ends, "; "))
+	if len(errs) > 0 {
+		t.Logf("errors seen (expected between lives): %v\n  %s", errs, strings.Join(samples, "\n  "))
+	}
+}
+
+// errClass names an error for counting.
+func errClass(err error) string {
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		return "not initialized"
+	case errors.Is(err, tokensem.ErrClosed):
+		return "closed"
+	case errors.Is(err, tokensem.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, tokensem.ErrLeaseLost):
+		return "lease lost"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	}
+	return "other"
+}
+
+// reconcileOnce runs one reconcile with repair on s, bounded.
+func reconcileOnce(ctx context.Context, s *natssem.Semaphore) (reconciler.Report, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return reconciler.Run(rctx, s.Inventory(), true)
+}
+
+// TestAttackChurnStaleHandles: lives of one name made and ended quickly
+// (Delete, ForceDelete; other count, other lease) while handles of every
+// earlier life keep acquiring.
+func TestAttackChurnStaleHandles(t *testing.T) {
+	local := func(t *testing.T, _ int) *nats.Conn { return connect(t, srv.Addr().String()) }
+	for _, tc := range []struct {
+		name string
+		cc   churnConfig
+	}{
+		{name: "lone", cc: churnConfig{lives: 8}},
+		{name: "key of a group", cc: churnConfig{lives: 8, group: true}},
+		{name: "lone with resizes and reconciles", cc: churnConfig{lives: 8, resize: true, reconcile: true}},
+		{name: "key of a group with resizes and reconciles", cc: churnConfig{lives: 8, group: true, resize: true, reconcile: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cc := tc.cc
+			cc.counts = []int{1, 3, 2}
+			cc.leases = []time.Duration{time.Second, 2 * time.Second, 1500 * time.Millisecond}
+			cc.connect = local
+			churn(t, cc)
+		})
+	}
+}
