@@ -467,7 +467,6 @@ func TestAttackShrunkSlotClaimedDuringForceDelete(t *testing.T) {
 	}
 }
 
-
 // churnConfig is one run of churn.
 type churnConfig struct {
 	lives    int
