@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -708,4 +710,185 @@ func TestAttackChurnStaleHandles(t *testing.T) {
 			churn(t, cc)
 		})
 	}
+}
+
+// pausedClaimer is a client C whose delivery of one token of the current
+// life is held in a paused proxy: the token went first to a plain fetch,
+// which handed it back (Nak) to C's queued pull while C's proxy was paused.
+// Resume lets C claim it; its Acquire's outcome arrives on got.
+type pausedClaimer struct {
+	px    *faultproxy.Proxy
+	s     *natssem.Semaphore
+	start time.Time
+	index int // the token's index
+	got   chan claimResult
+}
+
+type claimResult struct {
+	p   *natssem.Permit
+	err error
+}
+
+// pauseClaimer sets up a pausedClaimer for semaphore name (a key of group
+// when group is set): it fetches the next ready token plainly, queues C's
+// pull, pauses C's proxy and hands the token to C.
+func pauseClaimer(t *testing.T, ctx context.Context, addr, name, group string, in []natssem.Option, acquireFor time.Duration) *pausedClaimer {
+	t.Helper()
+	rawJS, err := jetstream.New(connect(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons := holdersConsumer(t, ctx, rawJS, name, group)
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw jetstream.Msg
+	for m := range batch.Messages() {
+		raw = m
+	}
+	if raw == nil {
+		t.Fatalf("the plain fetch got no token: %v", batch.Error())
+	}
+	tok, err := tokensem.NewCodec(nil).Decode(raw.Data())
+	if err != nil {
+		t.Fatalf("the fetched token: %v", err)
+	}
+	px, err := faultproxy.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	s, err := natssem.Open(ctx, connect(t, px.Addr()), name, append(in[:len(in):len(in)], attackLog(t, "C"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	pc := &pausedClaimer{px: px, s: s, index: tok.Index, got: make(chan claimResult, 1), start: time.Now()}
+	before, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, acquireFor)
+	t.Cleanup(cancel)
+	go func() {
+		p, err := s.Acquire(cctx)
+		if err != nil {
+			pc.got <- claimResult{err: err}
+			return
+		}
+		pc.got <- claimResult{p: p.(*natssem.Permit)}
+	}()
+	pollUntil(t, 5*time.Second, "C's pull to be queued", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumWaiting > before.NumWaiting
+	})
+	px.Pause()
+	if err := raw.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 5*time.Second, "the token to be delivered to C's pull", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumWaiting == before.NumWaiting && info.NumAckPending == before.NumAckPending
+	})
+	return pc
+}
+
+// TestAttackPausedClaimerAcrossDeleteInit: a claimer C holds a delivered
+// token of life A, admitted by its cached configuration of A (fresh), but
+// has not read or written the slot record yet (its network is paused). A
+// Delete and an Init make life B, with another lease, and (in some cases)
+// a client of B holds every permit of B. C resumes: it must not hold a
+// permit of A, and whatever it holds must fit B's count beside B's holders.
+func TestAttackPausedClaimerAcrossDeleteInit(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		group      bool
+		newHolds   bool          // B's permits are all held when C resumes
+		late       time.Duration // extra wait before C resumes
+		newPermits int
+	}{
+		{name: "lone, new life idle", newPermits: 2},
+		{name: "lone, new life held", newHolds: true, newPermits: 2},
+		{name: "lone, new life of one held", newHolds: true, newPermits: 1},
+		{name: "lone, resumed past the cache's trust", late: seamTrust, newPermits: 1, newHolds: true},
+		{name: "key of a group, new life idle", group: true, newPermits: 2},
+		{name: "key of a group, new life of one held", group: true, newHolds: true, newPermits: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const oldLease, newLease = 10 * time.Second, 2 * time.Second
+			ctx := semtest.Context(t, 2*time.Minute)
+			addr := srv.Addr().String()
+			name, group := seamName("attack-paused"), ""
+			var in []natssem.Option
+			if tc.group {
+				group = seamName("attack-paused-group")
+				in = append(in, natssem.WithGroup(group))
+			}
+			adminNC := connect(t, addr)
+			// One permit: the plain fetch takes it, so C's pull queues.
+			first, err := natssem.Init(ctx, adminNC, name, 1, append(in, natssem.WithLease(oldLease))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := newLifeWatch(t)
+			w.life(lifeEpoch(t, ctx, first), 1)
+			_ = first.Close()
+
+			c := pauseClaimer(t, ctx, addr, name, group, in, 20*time.Second)
+			if err := natssem.Delete(ctx, adminNC, name, in...); err != nil {
+				t.Fatalf("delete: %v", err)
+			}
+			second, err := natssem.Init(ctx, connect(t, addr), name, tc.newPermits, append(in, natssem.WithLease(newLease))...)
+			if err != nil {
+				t.Fatalf("init of life B: %v", err)
+			}
+			t.Cleanup(func() { _ = second.Close() })
+			epochB := lifeEpoch(t, ctx, second)
+			w.life(epochB, tc.newPermits)
+			var bs []*lifeHeld
+			if tc.newHolds {
+				for i := range tc.newPermits {
+					start := time.Now()
+					p := acquireSeam(t, second, "B")
+					bs = append(bs, w.add(fmt.Sprintf("B%d (client of life B)", i), p, start))
+				}
+			}
+			time.Sleep(tc.late)
+			t.Logf("C resumes %v after it opened the semaphore in life A", time.Since(c.start).Round(time.Millisecond))
+			c.px.Resume()
+			select {
+			case r := <-c.got:
+				if r.err != nil {
+					t.Logf("C: %v", r.err)
+					break
+				}
+				w.add("C (paused with a token of life A)", r.p, c.start)
+				t.Logf("C holds slot %d of life %d (life B is %d)", r.p.Token().Index, r.p.Token().Epoch, epochB)
+				if r.p.Token().Epoch != epochB {
+					t.Errorf("C holds a permit of life %d, not of the current life %d", r.p.Token().Epoch, epochB)
+				}
+			case <-time.After(newLease + time.Second):
+				t.Logf("C got no permit within %v of resuming", newLease+time.Second)
+			}
+			// Give a stale belief the time it would need to show: a renewal.
+			time.Sleep(newLease / 2)
+			for _, h := range bs {
+				_ = w.release(ctx, h)
+			}
+			w.verdict()
+		})
+	}
+}
+
+// attackLog returns a debug logger whose output the test prints when it
+// fails, or always when TOKENSEM_ATTACK_LOG is set.
+func attackLog(t *testing.T, who string) natssem.Option {
+	buf := &semtest.SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("TOKENSEM_ATTACK_LOG") != "" {
+			t.Logf("log of %s:\n%s", who, buf.String())
+		}
+	})
+	return natssem.WithLogger(slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 }
