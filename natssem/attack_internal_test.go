@@ -1,0 +1,233 @@
+package natssem
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Attacks that need the package's insides: a child process (this test
+// binary, started with attackWorkerEnv) runs one admin step split where a
+// process can stall, so that the test can freeze it (SIGSTOP) exactly
+// there.
+
+const (
+	attackWorkerEnv = "TOKENSEM_ATTACK_WORKER" // the worker's job
+	attackURLEnv    = "TOKENSEM_ATTACK_URL"
+	attackNameEnv   = "TOKENSEM_ATTACK_NAME"
+	attackTTLEnv    = "TOKENSEM_ATTACK_LOCK_TTL_MS"
+	// attackLocked is what the worker prints once it holds the admin lock;
+	// it then stalls attackStall before its next step.
+	attackLocked = "LOCKED"
+	attackStall  = 300 * time.Millisecond
+)
+
+func init() {
+	if os.Getenv(attackWorkerEnv) == "stalled-delete" {
+		os.Exit(stalledDeleteWorker())
+	}
+}
+
+// stalledDeleteWorker is Delete (not forced) of a semaphore of its own, as
+// Semaphore.delete runs it, with a stall between taking the admin lock and
+// the rest (deleteLocked): the moment a GC pause, a descheduled process or
+// a frozen VM can last longer than the lock's TTL. It prints attackLocked
+// when it holds the lock and Delete's result at the end.
+func stalledDeleteWorker() int {
+	nc, err := nats.Connect(os.Getenv(attackURLEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	o, err := newOptions([]Option{WithLogger(log), WithHolderName("stalled-deleter")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	s, err := newSemaphore(nc, os.Getenv(attackNameEnv), o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	ms, _ := strconv.Atoi(os.Getenv(attackTTLEnv))
+	s.lockTTL = time.Duration(ms) * time.Millisecond
+	// Semaphore.delete, for a semaphore of its own whose bucket exists.
+	kv, err := s.js.KeyValue(ctx, s.lay.bucket)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	s.setBucket(kv)
+	h, err := s.takeLock(ctx)
+	if err != nil {
+		fmt.Printf("takeLock: %v\n", err)
+		return 0
+	}
+	fmt.Println(attackLocked)
+	time.Sleep(attackStall) // the test freezes the process here
+	removed := false
+	err = s.deleteLocked(ctx, h, false, &removed)
+	h.unlock()
+	fmt.Printf("DELETE: %v (removed %v)\n", err, removed)
+	return 0
+}
+
+// TestAttackDeleteFrozenAfterTakingTheLock: a Delete freezes (SIGSTOP)
+// right after it took the admin lock, before it marked anything. Its lock
+// expires; another Delete takes the lock over and deletes the semaphore,
+// and Init makes a new life, which a client holds. The frozen Delete then
+// resumes. A delete that lost its admin lock must change nothing: the new
+// life must stay usable (Open works, its configuration says ready) and its
+// holder must keep its permit.
+func TestAttackDeleteFrozenAfterTakingTheLock(t *testing.T) {
+	for _, held := range []bool{true, false} {
+		t.Run(map[bool]string{true: "new life held", false: "new life idle"}[held], func(t *testing.T) {
+			deleteFrozenAfterTakingTheLock(t, held)
+		})
+	}
+}
+
+func deleteFrozenAfterTakingTheLock(t *testing.T, held bool) {
+	const (
+		lease   = 2 * time.Second
+		lockTTL = 1500 * time.Millisecond
+	)
+	srv := startServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("attack-frozen-lock-%d", time.Now().UnixNano())
+	a, err := Init(ctx, dial(t, srv), name, 1, WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Close()
+
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), attackWorkerEnv+"=stalled-delete", attackURLEnv+"="+srv.URL(),
+		attackNameEnv+"="+name, attackTTLEnv+"="+strconv.Itoa(int(lockTTL/time.Millisecond)))
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	child.Stderr = &stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	stopped := false
+	t.Cleanup(func() {
+		if stopped {
+			_ = child.Process.Signal(syscall.SIGCONT)
+		}
+		_ = child.Process.Kill()
+		_ = child.Wait()
+	})
+	select {
+	case l := <-lines:
+		if l != attackLocked {
+			t.Fatalf("the deleter says %q, not %q:\n%s", l, attackLocked, stderr.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("the deleter never took the lock")
+	}
+	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	frozen := time.Now()
+
+	// Another Delete: it waits out the frozen deleter's lock, takes it over
+	// and deletes the semaphore.
+	d, err := newSemaphore(dial(t, srv), name, mustOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.lockTTL = lockTTL
+	removed := false
+	if err := d.delete(ctx, false, &removed); err != nil {
+		t.Fatalf("the second delete: %v", err)
+	}
+	t.Logf("the second delete took the lock over and finished %v after the freeze", time.Since(frozen).Round(time.Millisecond))
+	b, err := Init(ctx, dial(t, srv), name, 2, WithLease(lease))
+	if err != nil {
+		t.Fatalf("init of the new life: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	var p *Permit
+	if held {
+		tp, err := b.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = tp.(*Permit)
+		t.Cleanup(func() { _ = p.Release(context.WithoutCancel(ctx)) })
+	}
+
+	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	var said []string
+	for l := range lines {
+		said = append(said, l)
+	}
+	_ = child.Wait()
+	t.Logf("the resumed deleter says %q", said)
+
+	cfg, _, err := b.readConfig(ctx)
+	if err != nil {
+		t.Fatalf("the new life's configuration: %v", err)
+	}
+	if cfg.State != stateReady {
+		t.Errorf("the resumed deleter, whose lock was taken over, changed the new life: its configuration is %q (was %q)", cfg.State, cfg.Was)
+	}
+	if o, err := Open(ctx, dial(t, srv), name); err != nil {
+		t.Errorf("open of the new life after the deleter resumed: %v", err)
+	} else {
+		_ = o.Close()
+	}
+	if p != nil {
+		// The holder keeps its permit through a renewal.
+		before := p.Deadline()
+		for p.Err() == nil && !p.Deadline().After(before) && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := p.Err(); err != nil {
+			t.Errorf("the new life's holder lost its permit after the deleter resumed: %v", err)
+		}
+	}
+	if t.Failed() {
+		t.Logf("the deleter's log:\n%s", stderr.String())
+	}
+}
+
+func mustOptions(t *testing.T, opts ...Option) options {
+	t.Helper()
+	o, err := newOptions(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
