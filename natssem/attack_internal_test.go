@@ -3,6 +3,7 @@ package natssem
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/tokensem/tokensem"
 )
 
 // Attacks that need the package's insides: a child process (this test
@@ -33,9 +36,37 @@ const (
 )
 
 func init() {
-	if os.Getenv(attackWorkerEnv) == "stalled-delete" {
+	switch os.Getenv(attackWorkerEnv) {
+	case "stalled-delete":
 		os.Exit(stalledDeleteWorker())
+	case "acquire-hang":
+		os.Exit(acquireHangWorker())
 	}
+}
+
+// acquireHangWorker opens the semaphore, acquires a permit, prints
+// "HELD <index> <fence>" and waits to be killed.
+func acquireHangWorker() int {
+	nc, err := nats.Connect(os.Getenv(attackURLEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := Open(ctx, nc, os.Getenv(attackNameEnv), WithHolderName("dying-holder"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	fmt.Printf("HELD %d %d\n", p.Token().Index, p.Fence())
+	<-ctx.Done()
+	return 0
 }
 
 // stalledDeleteWorker is Delete (not forced) of a semaphore of its own, as
@@ -230,4 +261,91 @@ func mustOptions(t *testing.T, opts ...Option) options {
 		t.Fatal(err)
 	}
 	return o
+}
+
+// TestAttackUnconfirmedHolderDies: the first claim of a slot in a life
+// writes its record Pending; the holder is killed (SIGKILL) before its first
+// renewal, so the record stays Pending, naming a holder of the current
+// life. Until a lease has passed, Delete must refuse (the holder may be
+// alive for all anyone knows) and nobody may take the slot; after it, a
+// waiter gets the permit with a greater fence, within about a lease, and
+// Delete then succeeds.
+func TestAttackUnconfirmedHolderDies(t *testing.T) {
+	const lease = 2 * time.Second
+	srv := startServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("attack-dying-%d", time.Now().UnixNano())
+	a, err := Init(ctx, dial(t, srv), name, 1, WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), attackWorkerEnv+"=acquire-hang", attackURLEnv+"="+srv.URL(), attackNameEnv+"="+name)
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	child.Stderr = &stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the holder: %v\n%s", err, stderr.String())
+	}
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	var idx int
+	var fence uint64
+	if _, err := fmt.Sscanf(line, "HELD %d %d", &idx, &fence); err != nil {
+		t.Fatalf("the holder said %q: %v", line, err)
+	}
+	got, err := a.slots.read(ctx, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the holder of slot %d (fence %d) was killed; its record: %+v at revision %d", idx, fence, got.rec, got.rev)
+	if !got.rec.Pending || got.rev != fence {
+		t.Logf("(the record is not the holder's Pending claim: the attack did not set up what it meant to)")
+	}
+
+	// Within the lease: Delete refuses.
+	if err := Delete(ctx, dial(t, srv), name); !errors.Is(err, tokensem.ErrHeld) {
+		t.Errorf("Delete %v after the Pending holder died: %v, want ErrHeld", time.Since(killed).Round(time.Millisecond), err)
+	}
+	// A waiter: not before the dead holder's last belief, within about a lease.
+	b, err := Open(ctx, dial(t, srv), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	tp, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(killed)
+	p := tp.(*Permit)
+	t.Logf("a waiter got slot %d (fence %d) %v after the kill", p.Token().Index, p.Fence(), took.Round(time.Millisecond))
+	if p.Fence() <= fence {
+		t.Errorf("the waiter's fence %d is not above the dead holder's %d", p.Fence(), fence)
+	}
+	if took < lease-lease/5 {
+		t.Errorf("the waiter got the slot %v after the kill, before the dead holder's belief could have ended (%v)", took, lease-lease/5)
+	}
+	if took > 2*lease+time.Second {
+		t.Errorf("the waiter got the slot only %v after the kill (lease %v)", took, lease)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := Delete(ctx, dial(t, srv), name); err != nil {
+		t.Errorf("Delete after the slot was taken over and released: %v", err)
+	}
 }
