@@ -319,153 +319,147 @@ func TestAttackShrunkSlotClaimedDuringForceDelete(t *testing.T) {
 		name  string
 		group bool
 	}{{name: "lone"}, {name: "key of a group", group: true}} {
-		t.Run(tc.name, func(t *testing.T) {
-			const lease = 3 * time.Second
-			ctx := semtest.Context(t, 2*time.Minute)
-			addr := srv.Addr().String()
-			name, group := seamName("attack-shrunk"), ""
-			opts := []natssem.Option{natssem.WithLease(lease)}
-			if tc.group {
-				group = seamName("attack-shrunk-group")
-				opts = append(opts, natssem.WithGroup(group))
-			}
-			in := opts[1:] // WithGroup, if any
-			adminNC := connect(t, addr)
-			admin, err := natssem.Init(ctx, adminNC, name, 2, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = admin.Close() })
-			w := newLifeWatch(t)
-			w.life(lifeEpoch(t, ctx, admin), 2)
+		t.Run(tc.name, func(t *testing.T) { shrunkSlotDuringForceDelete(t, localSite(), tc.group) })
+	}
+}
 
-			h, err := natssem.Open(ctx, connect(t, addr), name, in...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = h.Close() })
-			start := time.Now()
-			ph := acquireSeam(t, h, "H")
-			w.add("H (holder of slot 0, earlier life)", ph, start)
-			if ph.Token().Index != 0 {
-				t.Fatalf("H got slot %d, the test needs it to get slot 0 (the first token)", ph.Token().Index)
-			}
+// site is where an attack runs: the package's server, or the 3-node
+// cluster with R3 streams and buckets.
+type site struct {
+	addr     func(i int) string                   // node i's client address
+	connect  func(t *testing.T, i int) *nats.Conn // a client preferring node i
+	replicas int
+}
 
-			// Token 1 goes to a plain fetch, which hands it back later.
-			rawJS, err := jetstream.New(connect(t, addr))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cons := holdersConsumer(t, ctx, rawJS, name, group)
-			batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var raw jetstream.Msg
-			for m := range batch.Messages() {
-				raw = m
-			}
-			if raw == nil {
-				t.Fatalf("the plain fetch got no token: %v", batch.Error())
-			}
+func localSite() site {
+	return site{
+		addr:    func(int) string { return srv.Addr().String() },
+		connect: func(t *testing.T, _ int) *nats.Conn { return connect(t, srv.Addr().String()) },
+	}
+}
 
-			// C: a client whose every byte goes through a proxy.
-			px, err := faultproxy.New(addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = px.Close() })
-			c, err := natssem.Open(ctx, connect(t, px.Addr()), name, in...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = c.Close() })
-			opened := time.Now()
-			type result struct {
-				p   *natssem.Permit
-				err error
-			}
-			got := make(chan result, 1)
-			cctx, cancelC := context.WithTimeout(ctx, 20*time.Second)
-			defer cancelC()
-			cStart := time.Now()
-			go func() {
-				p, err := c.Acquire(cctx)
-				if err != nil {
-					got <- result{err: err}
-					return
-				}
-				got <- result{p: p.(*natssem.Permit)}
-			}()
-			pollUntil(t, 5*time.Second, "C's pull to be queued", func() bool {
-				info, err := cons.Info(ctx)
-				return err == nil && info.NumWaiting >= 1
-			})
-			px.Pause()
-			if err := raw.Nak(); err != nil {
-				t.Fatal(err)
-			}
-			pollUntil(t, 5*time.Second, "token 1 to be delivered to C's pull", func() bool {
-				info, err := cons.Info(ctx)
-				return err == nil && info.NumWaiting == 0 && info.NumAckPending == 2
-			})
+func clusterSite(t *testing.T) site {
+	c := cluster(t)
+	return site{
+		addr:     func(i int) string { return c.Addr(i % c.Size()) },
+		connect:  func(t *testing.T, i int) *nats.Conn { return connectCluster(t, i%c.Size()) },
+		replicas: 3,
+	}
+}
 
-			// The shrink removes token 1's message: retired, and no record
-			// says anyone holds it.
-			rep, err := admin.Resize(ctx, 1)
-			if err != nil {
-				t.Fatalf("resize: %v", err)
-			}
-			t.Logf("resize to 1: removed %d, issued %d", rep.Removed, rep.Issued)
+// initOpts are the options of an Init at st.
+func (st site) initOpts(opts ...natssem.Option) []natssem.Option {
+	if st.replicas > 0 {
+		opts = append(opts, natssem.WithReplicas(st.replicas))
+	}
+	return opts
+}
 
-			fdDone := make(chan error, 1)
-			go func() { fdDone <- natssem.ForceDelete(ctx, adminNC, name, in...) }()
-			pollUntil(t, 10*time.Second, "the ForceDelete to close slot 0", func() bool {
-				rec, _, err := slotRecord(ctx, rawJS, name, group, 0)
-				return err == nil && rec["del"] == true
-			})
-			t.Logf("C resumes %v after it opened the semaphore", time.Since(opened).Round(time.Millisecond))
-			px.Resume()
+func shrunkSlotDuringForceDelete(t *testing.T, st site, group bool) {
+	const lease = 3 * time.Second
+	ctx := semtest.Context(t, 2*time.Minute)
+	name, groupName := seamName("attack-shrunk"), ""
+	var in []natssem.Option
+	if group {
+		groupName = seamName("attack-shrunk-group")
+		in = append(in, natssem.WithGroup(groupName))
+	}
+	adminNC := st.connect(t, 0)
+	admin, err := natssem.Init(ctx, adminNC, name, 2, st.initOpts(append(in, natssem.WithLease(lease))...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	w := newLifeWatch(t)
+	w.life(lifeEpoch(t, ctx, admin), 2)
 
-			var pc *natssem.Permit
-			select {
-			case r := <-got:
-				if r.err != nil {
-					t.Logf("C's Acquire: %v (no permit: the claim was refused)", r.err)
-				} else {
-					pc = r.p
-					w.add("C (claimed retired slot 1 during the ForceDelete)", pc, cStart)
-					t.Logf("C holds slot %d of life %d, fence %d, while the ForceDelete waits", pc.Token().Index, pc.Token().Epoch, pc.Fence())
-				}
-			case <-time.After(lease):
-				t.Logf("C got no permit within %v", lease)
-			}
+	h, err := natssem.Open(ctx, st.connect(t, 2), name, in...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	start := time.Now()
+	ph := acquireSeam(t, h, "H")
+	w.add("H (holder of slot 0, earlier life)", ph, start)
+	if ph.Token().Index != 0 {
+		t.Fatalf("H got slot %d, the test needs it to get slot 0 (the first token)", ph.Token().Index)
+	}
 
-			if err := <-fdDone; err != nil {
-				t.Fatalf("force delete: %v", err)
-			}
-			fdReturned := time.Now()
-			cValidAtReturn := pc != nil && believes(pc)
-			second, err := natssem.Init(ctx, connect(t, addr), name, 1, opts...)
-			if err != nil {
-				t.Fatalf("init of the new life: %v", err)
-			}
-			t.Cleanup(func() { _ = second.Close() })
-			w.life(lifeEpoch(t, ctx, second), 1)
-			start = time.Now()
-			pb := acquireSeam(t, second, "B")
-			w.add("B (holder of the new life)", pb, start)
-			t.Logf("B holds slot %d of the new life %v after the ForceDelete returned; C believed at that return: %v",
-				pb.Token().Index, time.Since(fdReturned).Round(time.Millisecond), cValidAtReturn)
-			if pc != nil {
-				pollUntil(t, 2*lease, "C to learn of its loss", func() bool { return !believes(pc) })
-				t.Logf("C learned %v after the ForceDelete returned: %v", time.Since(fdReturned).Round(time.Millisecond), pc.Err())
-			}
-			w.verdict()
-			if cValidAtReturn {
-				t.Errorf("C, whose permit was granted after the ForceDelete closed the slots, still believed it held when ForceDelete returned")
-			}
-		})
+	// Token 1 is delivered to C, whose network is paused (pauseClaimer).
+	c := pauseClaimer(t, ctx, st.addr(1), name, groupName, in, 20*time.Second)
+	if c.index != 1 {
+		t.Fatalf("C was handed token %d, the test needs token 1", c.index)
+	}
+
+	// The shrink removes token 1's message: retired, and no record says
+	// anyone holds it.
+	rep, err := admin.Resize(ctx, 1)
+	if err != nil {
+		t.Fatalf("resize: %v", err)
+	}
+	t.Logf("resize to 1: removed %d, issued %d", rep.Removed, rep.Issued)
+
+	rawJS, err := jetstream.New(st.connect(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fdDone := make(chan error, 1)
+	go func() { fdDone <- natssem.ForceDelete(ctx, adminNC, name, in...) }()
+	pollUntil(t, 10*time.Second, "the ForceDelete to close slot 0", func() bool {
+		rec, _, err := slotRecord(ctx, rawJS, name, groupName, 0)
+		return err == nil && rec["del"] == true
+	})
+	t.Logf("C resumes %v after it opened the semaphore", time.Since(c.start).Round(time.Millisecond))
+	c.px.Resume()
+
+	var pc *natssem.Permit
+	select {
+	case r := <-c.got:
+		if r.err != nil {
+			t.Logf("C's Acquire: %v (no permit: the claim was refused)", r.err)
+		} else {
+			pc = r.p
+			w.add("C (claimed retired slot 1 during the ForceDelete)", pc, c.start)
+			t.Logf("C holds slot %d of life %d, fence %d, while the ForceDelete waits", pc.Token().Index, pc.Token().Epoch, pc.Fence())
+		}
+	case <-time.After(lease):
+		t.Logf("C got no permit within %v", lease)
+	}
+
+	if err := <-fdDone; err != nil {
+		t.Fatalf("force delete: %v", err)
+	}
+	fdReturned := time.Now()
+	cValidAtReturn := pc != nil && believes(pc)
+	second, err := natssem.Init(ctx, st.connect(t, 1), name, 1, st.initOpts(append(in, natssem.WithLease(lease))...)...)
+	if err != nil {
+		t.Fatalf("init of the new life: %v", err)
+	}
+	t.Cleanup(func() { _ = second.Close() })
+	w.life(lifeEpoch(t, ctx, second), 1)
+	start = time.Now()
+	pb := acquireSeam(t, second, "B")
+	w.add("B (holder of the new life)", pb, start)
+	t.Logf("B holds slot %d of the new life %v after the ForceDelete returned; C believed at that return: %v",
+		pb.Token().Index, time.Since(fdReturned).Round(time.Millisecond), cValidAtReturn)
+	if pc != nil {
+		pollUntil(t, 3*lease, "C to learn of its loss", func() bool { return !believes(pc) })
+		t.Logf("C learned %v after the ForceDelete returned: %v", time.Since(fdReturned).Round(time.Millisecond), pc.Err())
+	}
+	w.verdict()
+	if cValidAtReturn {
+		t.Errorf("C, whose permit was granted after the ForceDelete closed the slots, still believed it held when ForceDelete returned")
+	}
+}
+
+// TestAttackClusterShrunkSlotClaimedDuringForceDelete is
+// TestAttackShrunkSlotClaimedDuringForceDelete on the 3-node cluster (R3).
+func TestAttackClusterShrunkSlotClaimedDuringForceDelete(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		group bool
+	}{{name: "lone"}, {name: "key of a group", group: true}} {
+		t.Run(tc.name, func(t *testing.T) { shrunkSlotDuringForceDelete(t, clusterSite(t), tc.group) })
 	}
 }
 
@@ -801,6 +795,16 @@ func pauseClaimer(t *testing.T, ctx context.Context, addr, name, group string, i
 // a client of B holds every permit of B. C resumes: it must not hold a
 // permit of A, and whatever it holds must fit B's count beside B's holders.
 func TestAttackPausedClaimerAcrossDeleteInit(t *testing.T) {
+	pausedClaimerAcrossDeleteInit(t, localSite)
+}
+
+// TestAttackClusterPausedClaimerAcrossDeleteInit is
+// TestAttackPausedClaimerAcrossDeleteInit on the 3-node cluster (R3).
+func TestAttackClusterPausedClaimerAcrossDeleteInit(t *testing.T) {
+	pausedClaimerAcrossDeleteInit(t, func() site { return clusterSite(t) })
+}
+
+func pausedClaimerAcrossDeleteInit(t *testing.T, at func() site) {
 	for _, tc := range []struct {
 		name       string
 		group      bool
@@ -818,16 +822,16 @@ func TestAttackPausedClaimerAcrossDeleteInit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const oldLease, newLease = 10 * time.Second, 2 * time.Second
 			ctx := semtest.Context(t, 2*time.Minute)
-			addr := srv.Addr().String()
+			st := at()
 			name, group := seamName("attack-paused"), ""
 			var in []natssem.Option
 			if tc.group {
 				group = seamName("attack-paused-group")
 				in = append(in, natssem.WithGroup(group))
 			}
-			adminNC := connect(t, addr)
+			adminNC := st.connect(t, 0)
 			// One permit: the plain fetch takes it, so C's pull queues.
-			first, err := natssem.Init(ctx, adminNC, name, 1, append(in, natssem.WithLease(oldLease))...)
+			first, err := natssem.Init(ctx, adminNC, name, 1, st.initOpts(append(in, natssem.WithLease(oldLease))...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -835,11 +839,11 @@ func TestAttackPausedClaimerAcrossDeleteInit(t *testing.T) {
 			w.life(lifeEpoch(t, ctx, first), 1)
 			_ = first.Close()
 
-			c := pauseClaimer(t, ctx, addr, name, group, in, 20*time.Second)
+			c := pauseClaimer(t, ctx, st.addr(1), name, group, in, 20*time.Second)
 			if err := natssem.Delete(ctx, adminNC, name, in...); err != nil {
 				t.Fatalf("delete: %v", err)
 			}
-			second, err := natssem.Init(ctx, connect(t, addr), name, tc.newPermits, append(in, natssem.WithLease(newLease))...)
+			second, err := natssem.Init(ctx, st.connect(t, 2), name, tc.newPermits, st.initOpts(append(in, natssem.WithLease(newLease))...)...)
 			if err != nil {
 				t.Fatalf("init of life B: %v", err)
 			}
