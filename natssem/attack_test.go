@@ -477,7 +477,8 @@ type churnConfig struct {
 	resize, reconcile bool
 	// during runs once, in the middle of the run, beside the churn (a node
 	// stopped and restarted).
-	during func(t *testing.T, ctx context.Context, name string, opts []natssem.Option)
+	// during gets the names of the bucket's stream and of the token stream.
+	during func(t *testing.T, ctx context.Context, kvStream, tokenStream string)
 }
 
 // churn makes and ends lives of one name, quickly, while handles opened in
@@ -490,8 +491,11 @@ func churn(t *testing.T, cc churnConfig) {
 	ctx := semtest.Context(t, 5*time.Minute)
 	name := seamName("attack-churn")
 	var opts []natssem.Option
+	kvStream, tokenStream := "KV_"+natssem.BucketName(name), natssem.StreamName(name)
 	if cc.group {
-		opts = append(opts, natssem.WithGroup(seamName("attack-churn-group")))
+		group := seamName("attack-churn-group")
+		opts = append(opts, natssem.WithGroup(group))
+		kvStream, tokenStream = "KV_"+natssem.GroupBucketName(group), natssem.GroupStreamName(group)
 	}
 	if cc.replicas > 0 {
 		opts = append(opts, natssem.WithReplicas(cc.replicas))
@@ -568,7 +572,7 @@ func churn(t *testing.T, cc churnConfig) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				cc.during(t, ctx, name, opts)
+				cc.during(t, ctx, kvStream, tokenStream)
 			}()
 		}
 		n, lease := cc.counts[life%len(cc.counts)], cc.leases[life%len(cc.leases)]
@@ -895,4 +899,70 @@ func attackLog(t *testing.T, who string) natssem.Option {
 		}
 	})
 	return natssem.WithLogger(slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+}
+
+// TestAttackClusterChurn is TestAttackChurnStaleHandles on the 3-node
+// cluster with R3 streams and buckets, clients spread over the nodes, and
+// in the middle of the run the node leading the bucket's stream (which
+// answers the configuration reads and orders every record write) stopped
+// for 3 s and restarted; slot records are read by direct gets, which any
+// replica answers, a lagging one included.
+func TestAttackClusterChurn(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		group     bool
+		leaderOf  string // "kv" or "tokens": whose leader is stopped
+		reconcile bool
+	}{
+		{name: "lone, bucket leader stopped", leaderOf: "kv"},
+		{name: "key of a group, bucket leader stopped", group: true, leaderOf: "kv"},
+		{name: "lone, token stream leader stopped, reconciles", leaderOf: "tokens", reconcile: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cluster(t)
+			st := clusterSite(t)
+			churn(t, churnConfig{
+				lives:     6,
+				counts:    []int{2, 1, 3},
+				leases:    []time.Duration{2 * time.Second, 3 * time.Second},
+				group:     tc.group,
+				replicas:  3,
+				connect:   st.connect,
+				reconcile: tc.reconcile,
+				during: func(t *testing.T, ctx context.Context, kvStream, tokenStream string) {
+					stream := kvStream
+					if tc.leaderOf == "tokens" {
+						stream = tokenStream
+					}
+					nc := connectCluster(t, 0)
+					var leader int
+					var err error
+					for range 100 { // between lives the stream may not exist
+						lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+						leader, err = c.StreamLeader(lctx, nc, stream)
+						cancel()
+						if err == nil {
+							break
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+					if err != nil {
+						t.Logf("no leader of %s found: %v", stream, err)
+						return
+					}
+					c.Stop(leader)
+					t.Logf("stopped node %d, leader of %s", leader, stream)
+					time.Sleep(3 * time.Second)
+					if err := c.Restart(leader); err != nil {
+						t.Errorf("restart node %d: %v", leader, err)
+						return
+					}
+					if err := c.WaitJetStream(ctx); err != nil {
+						t.Error(err)
+					}
+					t.Logf("node %d is back", leader)
+				},
+			})
+		})
+	}
 }
