@@ -966,3 +966,124 @@ func TestAttackClusterChurn(t *testing.T) {
 		})
 	}
 }
+
+// TestAttackShrunkSlotClaimedDuringDelete is the attack of
+// TestAttackShrunkSlotClaimedDuringForceDelete against a plain Delete,
+// which nobody holds up: the deleter's network is slowed for a moment (a
+// proxy paused as soon as it has closed slot 0, for well under its request
+// timeout), and C claims the retired slot in that moment. The Delete's
+// census of records and tokens came before C's claim, so it goes on and
+// removes the semaphore while C believes it holds a permit; Init then makes
+// the name again.
+func TestAttackShrunkSlotClaimedDuringDelete(t *testing.T) {
+	const lease = 3 * time.Second
+	ctx := semtest.Context(t, 2*time.Minute)
+	st := localSite()
+	name := seamName("attack-shrunk-delete")
+	admin, err := natssem.Init(ctx, st.connect(t, 0), name, 2, natssem.WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	w := newLifeWatch(t)
+	w.life(lifeEpoch(t, ctx, admin), 2)
+
+	// H takes token 0 so that C is handed token 1, then gives it back.
+	h, err := natssem.Open(ctx, st.connect(t, 0), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	start := time.Now()
+	ph := w.add("H", acquireSeam(t, h, "H"), start)
+	c := pauseClaimer(t, ctx, st.addr(0), name, "", nil, 20*time.Second)
+	if c.index != 1 {
+		t.Fatalf("C was handed token %d, the test needs token 1", c.index)
+	}
+	if err := w.release(ctx, ph); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Resize(ctx, 1); err != nil {
+		t.Fatalf("resize: %v", err)
+	}
+
+	// The deleter, through a proxy; a watch of slot 0's record pauses it as
+	// soon as it closes that slot (after its census of records and tokens).
+	dpx, err := faultproxy.New(st.addr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dpx.Close() })
+	js, err := jetstream.New(st.connect(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, natssem.BucketName(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch, err := kv.Watch(ctx, "slot.0", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = watch.Stop() }()
+	marked := make(chan struct{})
+	go func() {
+		for e := range watch.Updates() {
+			if e != nil && strings.Contains(string(e.Value()), `"del":true`) {
+				dpx.Pause()
+				close(marked)
+				return
+			}
+		}
+	}()
+	delDone := make(chan error, 1)
+	go func() { delDone <- natssem.Delete(ctx, connect(t, dpx.Addr()), name) }()
+	select {
+	case <-marked:
+	case err := <-delDone:
+		t.Fatalf("the Delete ended (%v) before the watch saw its mark", err)
+	}
+	c.px.Resume()
+	var pc *natssem.Permit
+	select {
+	case r := <-c.got:
+		if r.err != nil {
+			t.Logf("C: %v", r.err)
+		} else {
+			pc = r.p
+			w.add("C (claimed retired slot 1 during the Delete)", pc, c.start)
+			t.Logf("C holds slot %d of life %d, fence %d, while the Delete is under way", pc.Token().Index, pc.Token().Epoch, pc.Fence())
+		}
+	case <-time.After(lease):
+		t.Logf("C got no permit within %v", lease)
+	}
+	dpx.Resume()
+	if err := <-delDone; err != nil {
+		if errors.Is(err, tokensem.ErrHeld) {
+			t.Logf("the Delete saw C's claim and refused: %v", err)
+			w.verdict()
+			return
+		}
+		t.Fatalf("delete: %v", err)
+	}
+	delReturned := time.Now()
+	cValid := pc != nil && believes(pc)
+	second, err := natssem.Init(ctx, st.connect(t, 0), name, 1, natssem.WithLease(lease))
+	if err != nil {
+		t.Fatalf("init of the new life: %v", err)
+	}
+	t.Cleanup(func() { _ = second.Close() })
+	w.life(lifeEpoch(t, ctx, second), 1)
+	start = time.Now()
+	pb := acquireSeam(t, second, "B")
+	w.add("B (holder of the new life)", pb, start)
+	t.Logf("the Delete succeeded; C believed when it returned: %v; B holds slot %d %v later", cValid, pb.Token().Index, time.Since(delReturned).Round(time.Millisecond))
+	if pc != nil {
+		pollUntil(t, 3*lease, "C to learn of its loss", func() bool { return !believes(pc) })
+	}
+	w.verdict()
+	if cValid {
+		t.Errorf("a Delete that was not forced removed the semaphore while C held a permit of it")
+	}
+}
