@@ -1,15 +1,18 @@
 package natssem_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -1085,5 +1088,180 @@ func TestAttackShrunkSlotClaimedDuringDelete(t *testing.T) {
 	w.verdict()
 	if cValid {
 		t.Errorf("a Delete that was not forced removed the semaphore while C held a permit of it")
+	}
+}
+
+// TestAttackConcurrentInitsOfANewLife: once a life is deleted, several
+// Inits of the name race with other leases (the callers of the next life
+// disagree). Exactly one lease must win, every other Init must fail with
+// ErrLeaseMismatch, and the token consumer's ack wait, which decides when
+// the server hands a silent holder's token on, must be the winning lease:
+// shorter, the server redelivers held tokens to waiters (who must step
+// away); longer, a crashed holder's permit comes back only after it.
+func TestAttackConcurrentInitsOfANewLife(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		group bool
+	}{{name: "lone"}, {name: "key of a group", group: true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := semtest.Context(t, 2*time.Minute)
+			st := localSite()
+			name, group := seamName("attack-inits"), ""
+			var in []natssem.Option
+			if tc.group {
+				group = seamName("attack-inits-group")
+				in = append(in, natssem.WithGroup(group))
+			}
+			leases := []time.Duration{time.Second, 4 * time.Second}
+			js, err := jetstream.New(st.connect(t, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mismatches, checkedShort, checkedLong := 0, false, false
+			const lives = 10
+			for life := range lives {
+				if life > 0 {
+					if err := natssem.Delete(ctx, st.connect(t, 0), name, in...); err != nil {
+						t.Fatalf("delete: %v", err)
+					}
+				}
+				var wg sync.WaitGroup
+				won := make([]time.Duration, 4)
+				errs := make([]error, 4)
+				for i := range 4 {
+					wg.Go(func() {
+						s, err := natssem.Init(ctx, st.connect(t, i), name, 1, append(in, natssem.WithLease(leases[i%2]))...)
+						if err != nil {
+							errs[i] = err
+							return
+						}
+						won[i] = s.Lease()
+						_ = s.Close()
+					})
+				}
+				wg.Wait()
+				var winners []time.Duration
+				for i, err := range errs {
+					switch {
+					case err == nil:
+						winners = append(winners, won[i])
+					case !errors.Is(err, tokensem.ErrLeaseMismatch):
+						t.Errorf("life %d: Init %d: %v", life, i, err)
+					}
+				}
+				s, err := natssem.Open(ctx, st.connect(t, 0), name, in...)
+				if err != nil {
+					t.Fatalf("life %d: open: %v", life, err)
+				}
+				lease := s.Lease()
+				_ = s.Close()
+				cons := holdersConsumer(t, ctx, js, name, group)
+				info, err := cons.Info(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, l := range winners {
+					if l != lease {
+						t.Errorf("life %d: an Init returned a semaphore of lease %v; its lease is %v", life, l, lease)
+					}
+				}
+				if info.Config.AckWait != lease {
+					mismatches++
+					t.Errorf("life %d: the semaphore's lease is %v but its token consumer's ack wait is %v", life, lease, info.Config.AckWait)
+					if info.Config.AckWait < lease && !checkedShort {
+						checkedShort = true
+						heldAgainstShortAckWait(t, ctx, st, name, in, lease)
+					}
+					if info.Config.AckWait > lease && !checkedLong && group == "" {
+						checkedLong = true
+						crashedHolderReturns(t, ctx, name, lease, info.Config.AckWait)
+					}
+				}
+			}
+			t.Logf("%d of %d lives had a consumer whose ack wait is not the lease", mismatches, lives)
+		})
+	}
+}
+
+// heldAgainstShortAckWait: a holder of the only permit keeps it for two
+// leases while two waiters wait, on a semaphore whose consumer redelivers
+// a held token after less than the lease. The waiters are handed the held
+// token again and again; the slot record must make them step away.
+func heldAgainstShortAckWait(t *testing.T, ctx context.Context, st site, name string, in []natssem.Option, lease time.Duration) {
+	w := newLifeWatch(t)
+	a, err := natssem.Open(ctx, st.connect(t, 0), name, in...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	w.life(lifeEpoch(t, ctx, a), 1)
+	start := time.Now()
+	h := w.add("holder", acquireSeam(t, a, "holder"), start)
+	var wg sync.WaitGroup
+	got := make(chan *lifeHeld, 2)
+	for i := range 2 {
+		b, err := natssem.Open(ctx, st.connect(t, i+1), name, in...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		wg.Go(func() {
+			actx, cancel := context.WithTimeout(ctx, 3*lease)
+			defer cancel()
+			start := time.Now()
+			p, err := b.Acquire(actx)
+			if err != nil {
+				return
+			}
+			got <- w.add(fmt.Sprintf("waiter %d", i), p.(*natssem.Permit), start)
+		})
+	}
+	time.Sleep(2 * lease)
+	held := believes(h.p)
+	if err := w.release(ctx, h); err != nil {
+		t.Logf("holder's release: %v", err)
+	}
+	wg.Wait()
+	close(got)
+	for g := range got {
+		_ = w.release(ctx, g)
+	}
+	w.verdict()
+	t.Logf("with the ack wait shorter than the lease, the holder still held after two leases: %v", held)
+}
+
+// crashedHolderReturns: a holder of the only permit of semaphore name (of
+// its own, on the package's server) is killed (SIGKILL: a child process,
+// the internal tests' acquire-hang worker); the permit must come back to a
+// waiter within about the lease (DESIGN.md, guarantee 3).
+func crashedHolderReturns(t *testing.T, ctx context.Context, name string, lease, ackWait time.Duration) {
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), "TOKENSEM_ATTACK_WORKER=acquire-hang", "TOKENSEM_ATTACK_URL=nats://"+srv.Addr().String(),
+		"TOKENSEM_ATTACK_NAME="+name)
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatalf("the holder: %v", err)
+	}
+	_ = child.Process.Signal(syscall.SIGKILL)
+	killed := time.Now()
+	s, err := natssem.Open(ctx, connect(t, srv.Addr().String()), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p := acquireSeam(t, s, "waiter")
+	took := time.Since(killed)
+	_ = p.Release(ctx)
+	t.Logf("lease %v, ack wait %v: the crashed holder's permit came back after %v", lease, ackWait, took.Round(time.Millisecond))
+	if took > lease+lease/2 {
+		t.Errorf("the crashed holder's permit came back only %v after the crash, with a lease of %v (the consumer's ack wait is %v)",
+			took.Round(time.Millisecond), lease, ackWait)
 	}
 }
