@@ -32,7 +32,7 @@ const (
 	// attackLocked is what the worker prints once it holds the admin lock;
 	// it then stalls attackStall before its next step.
 	attackLocked = "LOCKED"
-	attackStall  = 300 * time.Millisecond
+	attackStall  = time.Second
 )
 
 func init() {

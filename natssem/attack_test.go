@@ -428,6 +428,7 @@ func shrunkSlotDuringForceDelete(t *testing.T, st site, group bool) {
 	case <-time.After(lease):
 		t.Logf("C got no permit within %v", lease)
 	}
+	c.stop() // whatever C does from now on is not part of the attack
 
 	if err := <-fdDone; err != nil {
 		t.Fatalf("force delete: %v", err)
@@ -718,11 +719,28 @@ func TestAttackChurnStaleHandles(t *testing.T) {
 // which handed it back (Nak) to C's queued pull while C's proxy was paused.
 // Resume lets C claim it; its Acquire's outcome arrives on got.
 type pausedClaimer struct {
-	px    *faultproxy.Proxy
-	s     *natssem.Semaphore
-	start time.Time
-	index int // the token's index
-	got   chan claimResult
+	px     *faultproxy.Proxy
+	s      *natssem.Semaphore
+	start  time.Time
+	index  int // the token's index
+	got    chan claimResult
+	cancel context.CancelFunc
+	exited chan struct{} // closed once the outcome is on got
+}
+
+// stop ends C's Acquire if it still waits (so that it cannot take a permit
+// the test means for someone else), and releases a permit it got that the
+// test did not take from got.
+func (c *pausedClaimer) stop() {
+	c.cancel()
+	<-c.exited
+	select {
+	case r := <-c.got:
+		if r.p != nil {
+			_ = r.p.Release(context.Background())
+		}
+	default:
+	}
 }
 
 type claimResult struct {
@@ -771,8 +789,10 @@ func pauseClaimer(t *testing.T, ctx context.Context, addr, name, group string, i
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, acquireFor)
-	t.Cleanup(cancel)
+	pc.cancel, pc.exited = cancel, make(chan struct{})
+	t.Cleanup(pc.stop)
 	go func() {
+		defer close(pc.exited)
 		p, err := s.Acquire(cctx)
 		if err != nil {
 			pc.got <- claimResult{err: err}
@@ -882,6 +902,7 @@ func pausedClaimerAcrossDeleteInit(t *testing.T, at func() site) {
 			case <-time.After(newLease + time.Second):
 				t.Logf("C got no permit within %v of resuming", newLease+time.Second)
 			}
+			c.stop() // whatever C does from now on is not part of the attack
 			// Give a stale belief the time it would need to show: a renewal.
 			time.Sleep(newLease / 2)
 			for _, h := range bs {
@@ -1061,6 +1082,7 @@ func TestAttackShrunkSlotClaimedDuringDelete(t *testing.T) {
 	case <-time.After(lease):
 		t.Logf("C got no permit within %v", lease)
 	}
+	c.stop() // whatever C does from now on is not part of the attack
 	dpx.Resume()
 	if err := <-delDone; err != nil {
 		if errors.Is(err, tokensem.ErrHeld) {
