@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Attacks that need the package's insides: a child process (this test
@@ -41,6 +42,8 @@ func init() {
 		os.Exit(stalledDeleteWorker())
 	case "acquire-hang":
 		os.Exit(acquireHangWorker())
+	case "stalled-reconcile":
+		os.Exit(stalledReconcileWorker())
 	}
 }
 
@@ -347,5 +350,179 @@ func TestAttackUnconfirmedHolderDies(t *testing.T) {
 	}
 	if err := Delete(ctx, dial(t, srv), name); err != nil {
 		t.Errorf("Delete after the slot was taken over and released: %v", err)
+	}
+}
+
+// preLocked is an Inventory whose Lock hands out a lock taken already.
+type preLocked struct {
+	*Inventory
+	unlock func()
+}
+
+func (p preLocked) Lock(context.Context) (func(), error) { return p.unlock, nil }
+
+// stalledReconcileWorker is a reconcile with repair (reconciler.Run without
+// the gate), with a stall between taking the admin lock and the census. It
+// prints attackLocked when it holds the lock and the run's result at the end.
+func stalledReconcileWorker() int {
+	nc, err := nats.Connect(os.Getenv(attackURLEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s, err := Open(ctx, nc, os.Getenv(attackNameEnv), WithLogger(log), WithHolderName("stalled-reconciler"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	ms, _ := strconv.Atoi(os.Getenv(attackTTLEnv))
+	s.lockTTL = time.Duration(ms) * time.Millisecond
+	inv := s.Inventory()
+	unlock, err := inv.Lock(ctx)
+	if err != nil {
+		fmt.Printf("lock: %v\n", err)
+		return 0
+	}
+	fmt.Println(attackLocked)
+	time.Sleep(attackStall) // the test freezes the process here
+	r, err := reconciler.RunWithoutGate(ctx, preLocked{inv, unlock}, true)
+	fmt.Printf("RECONCILE: removed %d issued %d healthy %v err %v\n", r.Removed, r.Issued, r.Healthy, err)
+	return 0
+}
+
+// startWorker starts this test binary as worker job with the given
+// environment, and returns it with its stdout lines.
+func startWorker(t *testing.T, job string, env ...string) (*exec.Cmd, <-chan string, *strings.Builder) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(append(os.Environ(), attackWorkerEnv+"="+job), env...)
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &strings.Builder{}
+	child.Stderr = stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	t.Cleanup(func() {
+		_ = child.Process.Signal(syscall.SIGCONT)
+		_ = child.Process.Kill()
+		_ = child.Wait()
+	})
+	return child, lines, stderr
+}
+
+// TestAttackReconcileFrozenAfterTakingTheLock: a reconcile with repair
+// freezes (SIGSTOP) right after it took the admin lock. Its lock expires; a
+// Delete takes it over and deletes the semaphore, and Init makes a new life
+// of two permits, which a client holds; the new life is then damaged by
+// hand (a token removed, a junk message added), so that a repair would
+// have work. The frozen reconcile resumes: it must repair nothing (its lock
+// was taken over), and a reconcile of the new life then repairs it.
+func TestAttackReconcileFrozenAfterTakingTheLock(t *testing.T) {
+	const (
+		lease   = 2 * time.Second
+		lockTTL = 1500 * time.Millisecond
+	)
+	srv := startServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("attack-frozen-reconcile-%d", time.Now().UnixNano())
+	a, err := Init(ctx, dial(t, srv), name, 2, WithLease(lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Close()
+	child, lines, stderr := startWorker(t, "stalled-reconcile", attackURLEnv+"="+srv.URL(), attackNameEnv+"="+name,
+		attackTTLEnv+"="+strconv.Itoa(int(lockTTL/time.Millisecond)))
+	select {
+	case l := <-lines:
+		if l != attackLocked {
+			t.Fatalf("the reconciler says %q, not %q:\n%s", l, attackLocked, stderr.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("the reconciler never took the lock")
+	}
+	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+
+	d, err := newSemaphore(dial(t, srv), name, mustOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.lockTTL = lockTTL
+	removed := false
+	if err := d.delete(ctx, false, &removed); err != nil {
+		t.Fatalf("the delete: %v", err)
+	}
+	b, err := Init(ctx, dial(t, srv), name, 2, WithLease(lease))
+	if err != nil {
+		t.Fatalf("init of the new life: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	tp, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tp.(*Permit)
+	t.Cleanup(func() { _ = p.Release(context.WithoutCancel(ctx)) })
+	// Damage: the ready token removed, junk added.
+	msgs, err := b.scanTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if m.Seq != p.d.seq {
+			if err := b.deleteMsg(ctx, m.Seq); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := dial(t, srv).Publish(b.lay.subject, []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	before, err := b.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	var said []string
+	for l := range lines {
+		said = append(said, l)
+	}
+	t.Logf("the resumed reconciler says %q", said)
+	after, err := b.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Tokens != before.Tokens || after.Invalid != before.Invalid || len(after.Missing) != len(before.Missing) {
+		t.Errorf("the resumed reconciler, whose lock was taken over, changed the new life: before %+v, after %+v", before, after)
+	}
+	if err := p.Err(); err != nil {
+		t.Errorf("the new life's holder lost its permit: %v", err)
+	}
+	r, err := reconciler.Run(ctx, b.Inventory(), true)
+	if err != nil || !r.Healthy {
+		t.Errorf("a reconcile of the new life: %+v, %v", r, err)
+	}
+	if t.Failed() {
+		t.Logf("the reconciler's log:\n%s", stderr.String())
 	}
 }
