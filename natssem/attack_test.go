@@ -470,6 +470,7 @@ func TestAttackClusterShrunkSlotClaimedDuringForceDelete(t *testing.T) {
 // churnConfig is one run of churn.
 type churnConfig struct {
 	lives    int
+	lifeMin  time.Duration   // added to each life's 100-600 ms
 	counts   []int           // permit count of life i: counts[i%len]
 	leases   []time.Duration // lease of life i: leases[i%len]
 	group    bool
@@ -630,7 +631,7 @@ func churn(t *testing.T, cc churnConfig) {
 				}
 			}()
 		}
-		time.Sleep(time.Duration(100+(life*137)%500) * time.Millisecond)
+		time.Sleep(cc.lifeMin + time.Duration(100+(life*137)%500)*time.Millisecond)
 		close(lifeDone)
 		how := "delete"
 		if life%3 == 1 {
@@ -703,6 +704,9 @@ func TestAttackChurnStaleHandles(t *testing.T) {
 		{name: "key of a group", cc: churnConfig{lives: 8, group: true}},
 		{name: "lone with resizes and reconciles", cc: churnConfig{lives: 8, resize: true, reconcile: true}},
 		{name: "key of a group with resizes and reconciles", cc: churnConfig{lives: 8, group: true, resize: true, reconcile: true}},
+		// Lives longer than configTTL: busy handles trust their cached
+		// configuration by the group's generation when the life ends.
+		{name: "key of a group, configurations vouched for by the generation", cc: churnConfig{lives: 4, lifeMin: seamTrust, group: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cc := tc.cc
