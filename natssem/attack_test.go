@@ -468,6 +468,11 @@ func TestAttackClusterShrunkSlotClaimedDuringForceDelete(t *testing.T) {
 }
 
 // churnConfig is one run of churn.
+// seamsLong reports whether TOKENSEM_SEAMS=long asks for the long profile
+// of the churn attacks (each runs its full number of lives: about three
+// minutes in all, against one in the default profile, which CI runs).
+func seamsLong() bool { return os.Getenv("TOKENSEM_SEAMS") == "long" }
+
 type churnConfig struct {
 	lives    int
 	lifeMin  time.Duration   // added to each life's 100-600 ms
@@ -572,6 +577,9 @@ func churn(t *testing.T, cc churnConfig) {
 	})
 	adminNC := cc.connect(t, 0)
 	var ends []string
+	if !seamsLong() {
+		cc.lives = min(cc.lives, 4)
+	}
 	for life := range cc.lives {
 		if life == cc.lives/2 && cc.during != nil {
 			wg.Add(1)

@@ -76,12 +76,17 @@
 // Fences are the slot records' revisions, which are the bucket's stream
 // sequence. A bucket made for a new life (or a group's bucket an operator
 // removed and Init made again) starts its sequence at the server's clock
-// in microseconds, so a name's fences never go back across lives, as long
-// as the server's clock (of whichever node answers Init) does not step
-// back by more than the time between the two lives. A key of a group keeps
-// its group's bucket, whose sequence only grows. Within a life, every claim
-// writes its slot's record, so fences grow with every change of hands,
-// across repairs and resizes.
+// in microseconds, read from the token stream's info as Init makes the
+// bucket. So a name's fences never go back across lives as long as that
+// clock reading exceeds the previous life's by more than the previous
+// bucket's number of writes (one per claim, renewal and release; read as
+// microseconds): the time from one Init to the next must be longer than
+// any backward step of the server's clock between them, and, on a cluster,
+// than the lag of the node answering the later Init behind the node that
+// answered the earlier one. A key of a group keeps its group's bucket,
+// whose sequence only grows. Within a life, every claim writes its slot's
+// record, so fences grow with every change of hands, across repairs and
+// resizes.
 //
 // # Clocks
 //
