@@ -2,12 +2,14 @@ package amqpsem_test
 
 import (
 	"log/slog"
+	neturl "net/url"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/faultproxy"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/reconciler"
@@ -112,4 +114,76 @@ func TestClusterClaimSurvivesNodeLoss(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatalf("release through tsb: %v", err)
 	}
+}
+
+// TestClusterStalledHolderNodeLoss: a holder connected to tsb through a
+// link that stalls; its slot's claim queue lives on tsa, which is killed. A
+// waiter on tsc that repairs orphans must not hold the slot while the
+// stalled holder still holds its permit.
+func TestClusterStalledHolderNodeLoss(t *testing.T) {
+	c := rabbittest.NeedCluster(t)
+	ctx := semtest.Context(t, 3*time.Minute)
+	n := name(t)
+	viaA, err := amqpsem.Init(ctx, dialNode(t, c, "tsa"), n, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaA.Close()
+	defer func() { _ = amqpsem.ForceDelete(semtest.Context(t, time.Minute), dialNode(t, c, "tsc"), n) }()
+	p, err := viaA.Acquire(ctx) // slot 0's claim queue is on tsa
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	u, err := neturl.Parse(c.URL("tsb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	u.Host = px.Addr()
+	hc, err := amqpsem.Dial(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Close()
+	viaB, err := amqpsem.Open(ctx, hc, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaB.Close()
+	held, err := viaB.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := watchLoss(held)
+	px.Pause()
+	defer px.Resume()
+	start := time.Now()
+	if err := c.Kill("tsa"); err != nil {
+		t.Fatal(err)
+	}
+	viaC, err := amqpsem.Open(ctx, dialNode(t, c, "tsc"), n, amqpsem.WithOrphanRepair(time.Second))
+	if err != nil {
+		t.Fatalf("open through tsc with tsa down: %v", err)
+	}
+	defer viaC.Close()
+	pc, err := viaC.Acquire(ctx)
+	got := time.Now()
+	if err != nil {
+		t.Fatalf("no permit through tsc: %v", err)
+	}
+	t.Logf("permit through tsc after %v (fence %d); the stalled holder (fence %d) lost after %v: %v", got.Sub(start).Round(time.Millisecond),
+		pc.Fence(), held.Fence(), time.Unix(0, lost.at.Load()).Sub(start).Round(time.Millisecond), held.Err())
+	lost.before(t, got, "the waiter on tsc held the slot")
+	if pc.Fence() <= held.Fence() {
+		t.Errorf("the waiter's fence %d is not above the stalled holder's %d", pc.Fence(), held.Fence())
+	}
+	px.Resume()
+	_ = pc.Release(ctx)
 }
