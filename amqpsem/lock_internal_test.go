@@ -39,7 +39,7 @@ func TestLockReleaseHasADeadline(t *testing.T) {
 		}
 	}()
 	defer s.Close()
-	unlock, err := s.lock(ctx)
+	_, unlock, err := s.lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestLockReleaseHasADeadline(t *testing.T) {
 	px.Resume()
 	// The lock can be taken again on the same connection once the broker
 	// answers.
-	unlock, err = s.lock(ctx)
+	_, unlock, err = s.lock(ctx)
 	if err != nil {
 		t.Fatalf("lock after the broker came back: %v", err)
 	}
