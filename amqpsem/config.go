@@ -243,7 +243,7 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 		case found:
 			cfg.readAt = start
 			return cfg, nil
-		case err != nil && !errors.Is(err, tokensem.ErrUnavailable):
+		case err != nil && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
 			return config{}, err
 		}
 		last = err // nil: a reader held the message
@@ -438,7 +438,7 @@ func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
 	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}
 	for {
 		done, err := s.writeConfigOnce(ctx, next)
-		if done || err != nil && !errors.Is(err, tokensem.ErrUnavailable) {
+		if done || err != nil && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)) {
 			return err
 		}
 		if pause.Wait(ctx, nil) != nil {

@@ -73,7 +73,7 @@ func deleteNamed(ctx context.Context, c *Conn, name string, force bool) error {
 		return err
 	}
 	defer s.Close()
-	err = backoff.Removal(func(step func() error) error { return s.retry(ctx, "delete", step) },
+	err = backoff.Removal(func(step func() error) error { return s.retryLocking(ctx, "delete", step) },
 		tokensem.ErrNotInitialized, func(removed *bool) error { return s.delete(ctx, force, removed) })
 	return ctxErr(ctx, err)
 }

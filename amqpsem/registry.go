@@ -105,7 +105,7 @@ func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
 	}
 	defer s.Close()
 	var out []tokensem.Info
-	err = s.retry(ctx, "list", func() error {
+	err = s.retryLocking(ctx, "list", func() error {
 		out, err = s.list(ctx)
 		return err
 	})

@@ -370,8 +370,12 @@ func TestReconcileStopsWhenItsLockIsLost(t *testing.T) {
 	}
 	select {
 	case err := <-done:
+		if err == nil {
+			t.Fatal("the repair succeeded after its lock was lost")
+		}
 		t.Logf("the repair returned: %v", err)
-	default:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the repair goes on after its lock was lost")
 	}
 }
 

@@ -211,10 +211,13 @@ func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 
 // transient reports whether err is a broker failure that trying again may
 // cure: one wrapping tokensem.ErrUnavailable that does not say the
-// semaphore is gone or the credentials are refused.
+// semaphore is gone, the credentials are refused, or the lock the work
+// ran under is lost (only taking the lock again cures that: see
+// retryLocking).
 func transient(err error) bool {
 	return errors.Is(err, tokensem.ErrUnavailable) && !errors.Is(err, tokensem.ErrNotInitialized) &&
-		!errors.Is(err, tokensem.ErrClosed) && !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS)
+		!errors.Is(err, tokensem.ErrClosed) && !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS) &&
+		!errors.Is(err, errLockLost)
 }
 
 // retry runs step until it succeeds, fails for good, or ctx ends: a broker
@@ -222,6 +225,14 @@ func transient(err error) bool {
 // answers basic.get with 541 and closes the connection) is waited out.
 func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
 	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), transient,
+		func(err error) { s.log.Warn(what+": the broker failed; retrying", "err", err) }, step)
+}
+
+// retryLocking is retry for a step that takes the lock itself: a step
+// whose lock was lost is tried again too, under the lock taken again.
+func (s *Semaphore) retryLocking(ctx context.Context, what string, step func() error) error {
+	retryable := func(err error) bool { return transient(err) || errors.Is(err, errLockLost) }
+	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), retryable,
 		func(err error) { s.log.Warn(what+": the broker failed; retrying", "err", err) }, step)
 }
 
