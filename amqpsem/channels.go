@@ -80,10 +80,10 @@ func (s *Semaphore) channel(ctx context.Context) (*pooledChannel, error) {
 		return nil, err
 	}
 	if err := s.c.rpc(ctx, ch, func() error { return ch.Qos(1, 0, false) }, nil); err != nil {
+		s.c.closeLater(ch)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		_ = ch.Close()
 		return nil, errRetry{backoff: true}
 	}
 	pc := &pooledChannel{ch: ch, sess: sess, closed: make(chan struct{}), claimCancelled: make(chan struct{}, 1)}

@@ -295,7 +295,7 @@ func (c *Conn) channel(ctx context.Context) (*channel, *session, error) {
 
 // openChannel opens a channel on s, giving up when ctx ends: amqp091 waits
 // for the broker's channel.open-ok with no deadline, so the open goes on in
-// the background, and a channel it opens after all is closed.
+// the background, and a channel it opens after all is closed there too.
 func (c *Conn) openChannel(ctx context.Context, s *session) (*amqp.Channel, error) {
 	if ctx.Done() == nil {
 		return s.conn.Channel()
@@ -314,27 +314,32 @@ func (c *Conn) openChannel(ctx context.Context, s *session) (*amqp.Channel, erro
 		ch  *amqp.Channel
 		err error
 	}
-	var abandoned atomic.Bool
+	const (
+		running = iota
+		returned
+		abandoned
+	)
+	var state atomic.Int32
 	result := make(chan opened, 1)
 	go func() {
 		defer c.calls.Done()
 		ch, err := s.conn.Channel()
-		result <- opened{ch, err}
-		if abandoned.Load() && ch != nil {
-			_ = ch.Close()
+		if state.CompareAndSwap(running, returned) {
+			result <- opened{ch, err}
+			return
+		}
+		if ch != nil {
+			_ = ch.Close() // its caller gave up
 		}
 	}()
 	select {
 	case r := <-result:
 		return r.ch, r.err
 	case <-ctx.Done():
-		abandoned.Store(true)
-		select {
-		case r := <-result: // opened as ctx ended: not abandoned in time
-			if r.ch != nil {
-				_ = r.ch.Close()
+		if !state.CompareAndSwap(running, abandoned) { // opened as ctx ended
+			if r := <-result; r.ch != nil {
+				c.closeLater(&channel{Channel: r.ch})
 			}
-		default:
 		}
 		return nil, ctx.Err()
 	}

@@ -177,8 +177,8 @@
 // within its deadline plus the Go scheduler's delay in waking it plus
 // 150 ms, which the package's test checks under load. There, with four
 // CPU-bound goroutines in the process on a busy 2-core machine, a bare
-// 3 ms timer woke up to 495 ms late, and calls returned at worst 304 ms
-// after their deadline.
+// wait on a context's 3 ms deadline woke up to 415 ms late, and calls
+// returned at worst 304 ms after their deadline.
 //
 // # Connections, TLS and credentials
 //

@@ -421,8 +421,10 @@ func TestCancelledWaitReturnsCtxErr(t *testing.T) {
 	defer held.Release(context.Background())
 	c := dial(t, broker.Addr, 0)
 	hog(t)
-	// The scheduler's own delay under this load: how late a bare 3 ms
-	// timer wakes a goroutine, at worst over the whole test.
+	// The scheduler's own delay under this load: how late a goroutine
+	// waiting on a bare context's 3 ms deadline wakes up (the context's
+	// timer runs its cancel in a goroutine of its own, which must be
+	// scheduled first), at worst over the whole test.
 	var bare atomic.Int64
 	stopBare := make(chan struct{})
 	defer close(stopBare)
@@ -433,11 +435,13 @@ func TestCancelledWaitReturnsCtxErr(t *testing.T) {
 				return
 			default:
 			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Millisecond)
 			start := time.Now()
-			time.Sleep(3 * time.Millisecond)
+			<-ctx.Done()
 			if late := int64(time.Since(start) - 3*time.Millisecond); late > bare.Load() {
 				bare.Store(late)
 			}
+			cancel()
 		}
 	}()
 	deadlines := []time.Duration{time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond, 250 * time.Millisecond}
@@ -487,10 +491,10 @@ func TestCancelledWaitReturnsCtxErr(t *testing.T) {
 	for _, o := range overs {
 		if o.over > sched+cancelSlack {
 			late++
-			t.Errorf("deadline %v, call %d: returned %v after it (a bare timer woke up to %v late)",
+			t.Errorf("deadline %v, call %d: returned %v after it (a bare context wait woke up to %v late)",
 				o.d, o.call, o.over.Round(time.Millisecond), sched.Round(time.Millisecond))
 		}
 	}
-	t.Logf("%d calls: %d with a wrong error, %d late; worst %v after the deadline (a bare timer woke up to %v late)",
+	t.Logf("%d calls: %d with a wrong error, %d late; worst %v after the deadline (a bare context wait woke up to %v late)",
 		calls, wrong, late, worst.Round(time.Millisecond), time.Duration(bare.Load()).Round(time.Millisecond))
 }
