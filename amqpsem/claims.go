@@ -38,20 +38,23 @@ const claimTag = "tokensem-claim"
 
 // claimSlot starts the exclusive consumer that claims a slot: one round
 // trip when the claim queue exists. When it does not, the channel closes
-// (404) and the token goes back; the next token of the slot that reaches
-// this process claims it after a quarantine (see above), or at once if it
-// was never delivered. noWait (TryAcquire) does not wait for a quarantine:
-// it starts one in the background and gives the token back.
+// (404) and the token goes back, while this process starts the slot's
+// quarantine (see above) in the background, or, if the token was never
+// delivered, makes the claim queue again at once; the next token of the
+// slot that reaches this process waits for that. noWait (TryAcquire) does
+// not wait: it gives the token back.
 func (s *Semaphore) claimSlot(ctx context.Context, pc *pooledChannel, index int, d amqp.Delivery, noWait bool) error {
 	q := claimQueue(s.name, index)
 	if !s.missingClaim(index) {
 		_, err := pc.ch.Consume(q, claimTag, false, true, false, false, nil)
-		if isCode(err, amqp.NotFound) {
-			s.log.Warn("a slot's claim queue went away (its node restarted or was lost); the slot is claimed again after a quarantine", "index", index)
-			s.markMissingClaim(index, true)
-			return errRetry{}
+		if !isCode(err, amqp.NotFound) {
+			return err
 		}
-		return err
+		// The 404 closed the channel, and the token goes back: the
+		// quarantine starts now, and the token's next claimer waits for it.
+		s.markMissingClaim(index, true)
+		s.startQuarantine(index, s.config().holdWait(), !delivered(d))
+		return errRetry{}
 	}
 	cfg, err := s.freshConfig(ctx)
 	if err != nil {
@@ -145,6 +148,7 @@ func (s *Semaphore) runQuarantine(index int, wait time.Duration, atOnce bool) er
 	cancel()
 	switch {
 	case atOnce && err == nil:
+		s.markMissingClaim(index, false)
 		return nil
 	case isCode(err, amqp.ResourceLocked):
 		// Another connection quarantines it, or it exists again (as
@@ -154,7 +158,7 @@ func (s *Semaphore) runQuarantine(index int, wait time.Duration, atOnce bool) er
 	case err != nil:
 		return wrapBrokerErr(fmt.Sprintf("quarantine slot %d", index), err)
 	}
-	s.log.Warn("quarantining a slot whose claim queue went away, until any holder cut off from the broker has given it up",
+	s.log.Warn("a slot's claim queue went away (its node restarted or was lost): quarantining the slot until any holder cut off from the broker has given it up",
 		"index", index, "wait", wait)
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -166,7 +170,11 @@ func (s *Semaphore) runQuarantine(index int, wait time.Duration, atOnce bool) er
 	rctx, cancel = s.rtt(ctx)
 	defer cancel()
 	err = s.c.rpc(rctx, ch, func() error { return s.endQuarantine(ch, index, "tokensem-quarantine") }, nil)
-	return wrapBrokerErr(fmt.Sprintf("end the quarantine of slot %d", index), err)
+	if err != nil {
+		return wrapBrokerErr(fmt.Sprintf("end the quarantine of slot %d", index), err)
+	}
+	s.markMissingClaim(index, false)
+	return nil
 }
 
 // quarantineClaim declares slot index's claim queue, which is missing, as
