@@ -61,9 +61,14 @@ func (e errRetry) Error() string { return "amqpsem: retry" }
 
 // acquire is Acquire (noWait false) or TryAcquire, reported to the
 // observer.
+//
+// Once ctx has ended, a failed call returns ctx.Err() itself, whatever
+// step it cut short; every step is bounded by ctx (channel opens and
+// closes included), so the call returns promptly after ctx ends.
 func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
 	start := time.Now()
 	p, err := s.take(ctx, noWait)
+	err = ctxErr(ctx, err)
 	semopts.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
 	return p, err
 }
@@ -127,6 +132,9 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		}
 		switch {
 		case errors.As(err, &retry):
+		case ctx.Err() != nil:
+			s.c.closeLater(pc.ch) // requeues anything delivered and not claimed
+			return nil, ctx.Err()
 		case !noWait && transient(err):
 			// The broker failed a request (a queue electing a leader, a
 			// connection it closed): wait on, on a new channel.
@@ -136,10 +144,10 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			s.putChannel(pc)
 			return nil, err
 		default:
-			_ = pc.ch.Close() // requeues anything delivered and not claimed
+			s.c.closeLater(pc.ch)
 			return nil, err
 		}
-		_ = pc.ch.Close()
+		s.c.closeLater(pc.ch)
 		// TryAcquire never waits: a returned duplicate went to the back of
 		// the queue, so the next get reaches the other ready tokens.
 		if retry.backoff && !noWait {
@@ -193,7 +201,7 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 			if err := ctx.Err(); err != nil {
 				return nil, err // the caller closes the channel: d goes back unclaimed
 			}
-			p, err := s.claim(ctx, pc, d)
+			p, err := s.claim(ctx, pc, d, false)
 			if err != nil {
 				return nil, err // the caller closes the channel, and the consumer with it
 			}
@@ -223,19 +231,25 @@ func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error)
 	case !ok:
 		return nil, tokensem.ErrNoPermit
 	}
-	return s.claim(ctx, pc, d)
+	return s.claim(ctx, pc, d, true)
 }
 
 // claim turns a delivery into a permit. Junk, forged, foreign and retired
 // tokens are removed (acked). The slot is claimed with an exclusive
-// consumer on the slot's claim queue: the broker refuses a second exclusive
-// consumer (403) while the first exists, and drops it when its channel or
-// connection closes. A token whose slot is claimed already (by this
-// process or another) is a duplicate, or its holder's connection is just
-// closing: it goes back (the channel is closed) and the caller retries
-// after a pause.
-func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery) (*Permit, error) {
-	tok, err := s.admit(ctx, d.Body)
+// consumer on the slot's claim queue (see claimSlot): the broker refuses a
+// second exclusive consumer (403) while the first exists, and drops it
+// when its channel or connection closes. A token whose slot is claimed
+// already (by this process or another) is a duplicate, or its holder's
+// connection is just closing: it goes back (the channel is closed) and the
+// caller retries after a pause.
+//
+// The token is checked again once the claim is held, against a
+// configuration whose read began less than configTTL before: a repair
+// that names a slot's new current token waits configTTL before it issues
+// it (see Inventory.Issue), so a token it retired is either claimed before
+// the new one exists, or refused.
+func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery, noWait bool) (*Permit, error) {
+	tok, _, err := s.admit(ctx, d.Body)
 	switch {
 	case errors.Is(err, reconciler.ErrNotCurrent):
 		s.log.Warn("removing an invalid token message", "reason", err)
@@ -250,60 +264,83 @@ func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Deliver
 		s.log.Warn("duplicate token of a slot this process holds; returning it", "index", tok.Index)
 		return nil, errRetry{backoff: true}
 	}
-	if err := s.claimSlot(pc, tok.Index); err != nil {
+	if err := s.claimSlot(ctx, pc, tok.Index, d, noWait); err != nil {
 		s.unreserve(tok.Index)
-		if isCode(err, amqp.AccessRefused) {
+		var retry errRetry
+		switch {
+		case errors.As(err, &retry), ctx.Err() != nil:
+			return nil, err
+		case isCode(err, amqp.AccessRefused) || isCode(err, amqp.ResourceLocked):
 			s.log.Debug("slot claimed by another holder; returning the token", "index", tok.Index)
 			return nil, errRetry{backoff: true}
 		}
 		return nil, wrapBrokerErr(fmt.Sprintf("claim slot %d", tok.Index), err)
 	}
-	return s.newPermit(pc, d, tok), nil
-}
-
-// admit checks a delivered token against the configuration (see
-// reconciler.Admit): a token that is not a current one of this semaphore
-// is an error wrapping reconciler.ErrNotCurrent.
-func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, error) {
-	return reconciler.Admit(s.codec, s.name, body, func(fresh bool) (int, uint64, error) {
-		read := s.freshConfig
-		if fresh {
-			read = s.refreshConfig
+	index := tok.Index
+	tok, cfg, err := s.admit(ctx, d.Body)
+	if err != nil {
+		s.unreserve(index)
+		if errors.Is(err, reconciler.ErrNotCurrent) {
+			s.log.Warn("removing a token retired while its slot was being claimed", "reason", err)
+			_ = d.Ack(false)
+			return nil, errRetry{}
 		}
-		cfg, err := read(ctx)
-		return cfg.Permits, cfg.Epoch, err
-	})
+		return nil, err
+	}
+	return s.newPermit(pc, d, tok, cfg), nil
 }
 
-// fence is the token's fence base (zero for tokens made by Init, a later
-// generation's for tokens the reconciler issued) plus the quorum queue's
-// count of earlier returns of this message plus one: it grows every time
-// the slot changes hands, across reissues. A quorum queue leaves the count
-// out of a delivery that has none yet (seen on consumer deliveries: 0).
-// Classic queues do not count, so there it is only the base: 0 for the
-// tokens Init made.
-func fence(d amqp.Delivery, quorum bool) uint64 {
-	var base uint64
-	if b, ok := d.Headers[fenceBaseHeader].(int64); ok && b > 0 {
-		base = uint64(b)
+// admit checks a delivered token against the configuration, as
+// reconciler.Admit does, and against its slot's current token (see
+// classify): a token that is not a current one of this semaphore is an
+// error wrapping reconciler.ErrNotCurrent. One that looks retired is
+// checked again against the configuration read afresh: a resize may have
+// grown the semaphore, a repair named it current, or it belongs to a new
+// life of the semaphore (a new epoch), which only the configuration of its
+// own life may admit. It returns the configuration it checked against.
+func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, config, error) {
+	cfg, err := s.freshConfig(ctx)
+	if err != nil {
+		return tokensem.Token{}, config{}, err
 	}
+	e := s.classify(cfg, body)
+	if e.Reason == "retired" {
+		if cfg, err = s.refreshConfig(ctx); err != nil {
+			return tokensem.Token{}, config{}, err
+		}
+		e = s.classify(cfg, body)
+	}
+	if !e.Valid {
+		return e.Token, config{}, fmt.Errorf("%w: %s token %s", reconciler.ErrNotCurrent, e.Reason, e.Token)
+	}
+	return e.Token, cfg, nil
+}
+
+// fence is the token's fence base (see config.fenceBase: its life's, or
+// its slot's latest reissue's) plus the quorum queue's count of earlier
+// returns of this message plus one: it grows every time the slot changes
+// hands, and a later life's or reissue's base is above every fence before
+// it. A quorum queue leaves the count out of a delivery that has none yet
+// (seen on consumer deliveries: 0). Classic queues do not count, so there
+// it is only the base.
+func fence(d amqp.Delivery, tok tokensem.Token, cfg config) uint64 {
+	base := cfg.fenceBase(tok)
+	if cfg.QueueType != Quorum {
+		return base
+	}
+	return base + uint64(deliveryCount(d)) + 1
+}
+
+// deliveryCount returns a quorum queue's count of the earlier returns of
+// d's message (0 when the header is absent).
+func deliveryCount(d amqp.Delivery) int64 {
 	switch n := d.Headers["x-delivery-count"].(type) {
 	case int64:
-		return base + uint64(n) + 1
+		return max(n, 0)
 	case int32:
-		return base + uint64(n) + 1
+		return int64(max(n, 0))
 	case int:
-		return base + uint64(n) + 1
+		return int64(max(n, 0))
 	}
-	if quorum {
-		return base + 1
-	}
-	return base
+	return 0
 }
-
-// fenceBaseHeader carries a reissued token's fence base; fenceGenShift
-// places the generation above any delivery count.
-const (
-	fenceBaseHeader = "x-tokensem-fence-base"
-	fenceGenShift   = 40
-)

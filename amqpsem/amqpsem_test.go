@@ -67,7 +67,7 @@ func TestDuplicateTokenCannotAdmitTwoHolders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	copyTok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(n, 0, 1))
+	copyTok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(n, 0, pa.Token().Epoch))
 	amqpBackend().InjectRaw(t, n, copyTok)
 	b, err := amqpsem.Open(t.Context(), dial(t, broker.Addr, 0), n)
 	if err != nil {

@@ -56,7 +56,7 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	}
 	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true}
 	for _, b := range ready {
-		c.Entries = append(c.Entries, reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, b))
+		c.Entries = append(c.Entries, s.classify(cfg, b))
 	}
 	st := reconciler.Summarize(c)
 	st.Name, st.Backend, st.Resource, st.Waiting = s.name, "amqp", QueueName(s.name), waiting
@@ -226,9 +226,9 @@ stream:
 }
 
 // readClaims returns which of the given slots are held (their claim queue
-// has a consumer). Looking up a never-claimed slot costs a channel (the
-// broker closes it with 404), so callers pass only the slots they could not
-// account for otherwise.
+// has a consumer, or is quarantined). Looking up a slot whose claim queue
+// is missing costs a channel (the broker closes it with 404), so callers
+// pass only the slots they could not account for otherwise.
 func (s *Semaphore) readClaims(ctx context.Context, slots []int) ([]int, error) {
 	var held []int
 	var ch *channel
@@ -254,7 +254,11 @@ func (s *Semaphore) readClaims(ctx context.Context, slots []int) ([]int, error) 
 			if q.Consumers > 0 {
 				held = append(held, i)
 			}
-		case isCode(err, amqp.NotFound): // never claimed
+		case isCode(err, amqp.ResourceLocked):
+			// Its claim queue is quarantined by another connection (see
+			// claims.go): a claimer waits for the slot.
+			held = append(held, i)
+		case isCode(err, amqp.NotFound): // its claim queue went away
 		default:
 			return nil, wrapBrokerErr("census of claims", err)
 		}
@@ -278,7 +282,7 @@ func (s *Semaphore) unaccounted(ready [][]byte, cfg config) []int {
 	}
 	seen := make([]bool, cfg.Permits)
 	for _, b := range ready {
-		if e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, b); e.Valid {
+		if e := s.classify(cfg, b); e.Valid {
 			seen[e.Token.Index] = true
 		}
 	}

@@ -15,7 +15,7 @@ type pooledChannel struct {
 	sess   *session
 	closed chan struct{} // closed when the channel closes
 	// claimCancelled hears the broker cancel this channel's slot claim
-	// (its claim queue's node went away; see Permit.reclaim).
+	// (its claim queue was deleted; see Permit.run).
 	claimCancelled chan struct{}
 	mu             sync.Mutex
 	err            *amqp.Error
@@ -79,8 +79,11 @@ func (s *Semaphore) channel(ctx context.Context) (*pooledChannel, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ch.Qos(1, 0, false); err != nil {
-		_ = ch.Close()
+	if err := s.c.rpc(ctx, ch, func() error { return ch.Qos(1, 0, false) }, nil); err != nil {
+		s.c.closeLater(ch)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, errRetry{backoff: true}
 	}
 	pc := &pooledChannel{ch: ch, sess: sess, closed: make(chan struct{}), claimCancelled: make(chan struct{}, 1)}

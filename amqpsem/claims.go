@@ -1,6 +1,11 @@
 package amqpsem
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -8,24 +13,193 @@ import (
 // (claimQueue): the broker refuses a second exclusive consumer while the
 // first exists and drops it when its channel or connection closes. reserve
 // keeps two callers of this process from trying for one slot at once.
+//
+// Init declares every slot's claim queue before the first token exists (a
+// grown semaphore's new slots get theirs before their tokens), so a claim
+// queue that is missing went away: it is not durable and lives on one
+// node, so it goes when that node restarts or is lost, and the broker
+// cancels the claim of its holder. That holder may be cut off from the
+// broker (its link stalled) and believe it holds for W (see Conn.holdBound)
+// yet, and its token may be back in the queue (RabbitMQ returns the tokens
+// of consumers on a lost node). So a token that was delivered before may
+// claim its slot through a missing claim queue only after a quarantine:
+// the claim queue is declared exclusive to one connection (every other
+// connection is refused, 405) and held for W and a third
+// (config.holdWait), and only then made again as every holder uses it. A
+// quarantine that ends early (its connection or channel closed) takes the
+// queue with it (it is auto-deleted), so the next claimer finds the queue
+// missing and starts one over. A token never delivered is either its
+// life's first (Init's, or a grown slot's) or a repair's copy, issued
+// after the repair itself held the slot for W (see Inventory.Issue): no
+// holder of its slot can believe, and it claims at once.
 
 // claimTag is the consumer tag of a slot claim on its holder's channel.
 const claimTag = "tokensem-claim"
 
-// claimSlot starts the exclusive consumer that claims a slot, declaring the
-// slot's claim queue the first time this process meets it.
-func (s *Semaphore) claimSlot(pc *pooledChannel, index int) error {
+// claimSlot starts the exclusive consumer that claims a slot: one round
+// trip when the claim queue exists. When it does not, the channel closes
+// (404) and the token goes back, while this process starts the slot's
+// quarantine (see above) in the background, or, if the token was never
+// delivered, makes the claim queue again at once; the next token of the
+// slot that reaches this process waits for that. noWait (TryAcquire) does
+// not wait: it gives the token back.
+func (s *Semaphore) claimSlot(ctx context.Context, pc *pooledChannel, index int, d amqp.Delivery, noWait bool) error {
 	q := claimQueue(s.name, index)
-	if !s.knownClaim(index) {
-		if _, err := pc.ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+	if !s.missingClaim(index) {
+		_, err := pc.ch.Consume(q, claimTag, false, true, false, false, nil)
+		if !isCode(err, amqp.NotFound) {
 			return err
 		}
-		s.markClaim(index)
+		// The 404 closed the channel, and the token goes back: the
+		// quarantine starts now, and the token's next claimer waits for it.
+		s.markMissingClaim(index, true)
+		s.startQuarantine(index, s.config().holdWait(), !delivered(d))
+		return errRetry{}
 	}
-	_, err := pc.ch.Consume(q, claimTag, false, true, false, false, nil)
-	if isCode(err, amqp.NotFound) { // deleted behind our back (a broker restart)
-		s.forgetClaim(index)
+	cfg, err := s.freshConfig(ctx)
+	if err != nil {
+		return err
 	}
+	qu := s.startQuarantine(index, cfg.holdWait(), !delivered(d))
+	if noWait {
+		select {
+		case <-qu.done:
+		default:
+			return errRetry{}
+		}
+	}
+	select {
+	case <-qu.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.life.Done():
+		return errRetry{}
+	case <-pc.closed:
+		return errRetry{backoff: true}
+	case <-pc.sess.lost:
+		return errRetry{}
+	}
+	if qu.err != nil {
+		return errRetry{backoff: true} // someone else's quarantine, or a broker error: try again later
+	}
+	_, err = pc.ch.Consume(q, claimTag, false, true, false, false, nil)
+	if err == nil {
+		s.markMissingClaim(index, false)
+	}
+	return err
+}
+
+// delivered reports whether d's token was delivered before: requeued, or
+// counted by a quorum queue.
+func delivered(d amqp.Delivery) bool {
+	return d.Redelivered || deliveryCount(d) > 0
+}
+
+// quarantine is one slot's quarantine, run by this Semaphore.
+type quarantine struct {
+	done chan struct{} // closed when it ends
+	err  error         // why it ended without making the claim queue
+}
+
+// startQuarantine returns the slot's running quarantine, or starts one:
+// in a goroutine of the Semaphore's (Close ends it, early: see above), it
+// quarantines the slot's missing claim queue for wait and then makes it
+// again. at once skips the wait (a token never delivered claims the slot).
+func (s *Semaphore) startQuarantine(index int, wait time.Duration, atOnce bool) *quarantine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if qu, ok := s.quarantines[index]; ok {
+		return qu
+	}
+	qu := &quarantine{done: make(chan struct{})}
+	if s.closed {
+		qu.err = errors.New("amqpsem: closed")
+		close(qu.done)
+		return qu
+	}
+	s.quarantines[index] = qu
+	s.tasks.Add(1)
+	go func() {
+		defer s.tasks.Done()
+		qu.err = s.runQuarantine(index, wait, atOnce)
+		s.mu.Lock()
+		delete(s.quarantines, index)
+		s.mu.Unlock()
+		close(qu.done)
+	}()
+	return qu
+}
+
+func (s *Semaphore) runQuarantine(index int, wait time.Duration, atOnce bool) error {
+	ctx := s.life
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close() // ends an unfinished quarantine: its queue goes
+	rctx, cancel := s.rtt(ctx)
+	err = s.c.rpc(rctx, ch, func() error {
+		if atOnce {
+			_, err := ch.QueueDeclare(claimQueue(s.name, index), false, false, false, false, nil)
+			return err
+		}
+		return s.quarantineClaim(ch, index, "tokensem-quarantine")
+	}, nil)
+	cancel()
+	switch {
+	case atOnce && err == nil:
+		s.markMissingClaim(index, false)
+		return nil
+	case isCode(err, amqp.ResourceLocked):
+		// Another connection quarantines it, or it exists again (as
+		// every holder declares it): either way not this one's to make.
+		s.markMissingClaim(index, false)
+		return fmt.Errorf("amqpsem: slot %d's claim queue is someone else's", index)
+	case err != nil:
+		return wrapBrokerErr(fmt.Sprintf("quarantine slot %d", index), err)
+	}
+	s.log.Warn("a slot's claim queue went away (its node restarted or was lost): quarantining the slot until any holder cut off from the broker has given it up",
+		"index", index, "wait", wait)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	rctx, cancel = s.rtt(ctx)
+	defer cancel()
+	err = s.c.rpc(rctx, ch, func() error { return s.endQuarantine(ch, index, "tokensem-quarantine") }, nil)
+	if err != nil {
+		return wrapBrokerErr(fmt.Sprintf("end the quarantine of slot %d", index), err)
+	}
+	s.markMissingClaim(index, false)
+	return nil
+}
+
+// quarantineClaim declares slot index's claim queue, which is missing, as
+// a queue exclusive to ch's connection and deleted with its last consumer,
+// and consumes it exclusively with tag: no one else can claim the slot
+// until endQuarantine, or until ch or its connection closes (which deletes
+// the queue, so that the next claimer quarantines it again). An existing
+// queue makes it fail with 405 RESOURCE_LOCKED.
+func (s *Semaphore) quarantineClaim(ch *channel, index int, tag string) error {
+	q := claimQueue(s.name, index)
+	if _, err := ch.QueueDeclare(q, false, true, true, false, nil); err != nil {
+		return err
+	}
+	_, err := ch.Consume(q, tag, false, true, false, false, nil)
+	return err
+}
+
+// endQuarantine ends a quarantineClaim: the consumer's cancel deletes the
+// quarantined queue, and the claim queue is declared as every holder
+// declares it.
+func (s *Semaphore) endQuarantine(ch *channel, index int, tag string) error {
+	if err := ch.Cancel(tag, false); err != nil {
+		return err
+	}
+	_, err := ch.QueueDeclare(claimQueue(s.name, index), false, false, false, false, nil)
 	return err
 }
 
@@ -45,20 +219,20 @@ func (s *Semaphore) unreserve(index int) {
 	delete(s.held, index)
 }
 
-func (s *Semaphore) knownClaim(index int) bool {
+// missingClaim reports whether this process found slot index's claim
+// queue missing, and has not seen it made again since.
+func (s *Semaphore) missingClaim(index int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.claims[index]
+	return s.missing[index]
 }
 
-func (s *Semaphore) markClaim(index int) {
+func (s *Semaphore) markMissingClaim(index int, missing bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.claims[index] = true
-}
-
-func (s *Semaphore) forgetClaim(index int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.claims, index)
+	if missing {
+		s.missing[index] = true
+	} else {
+		delete(s.missing, index)
+	}
 }

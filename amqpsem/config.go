@@ -2,9 +2,12 @@ package amqpsem
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/reconciler"
 )
 
 // config is the semaphore's definition. It lives as exactly one persistent
@@ -34,30 +38,145 @@ import (
 // token queue, and marks it "ready" once every token is published. A
 // configuration queue that exists but is empty, with no reader holding its
 // message and no token queue, is a creation that died between the two
-// first steps: the next Init starts it over.
+// first steps: the next Init starts it over. A delete that must wait for
+// stalled holders (see delete) marks it "deleting" first, and removes it
+// last.
 type config struct {
 	Version   int    `json:"v"`
 	Seq       int    `json:"seq"`
-	State     string `json:"state,omitempty"` // stateCreating or stateReady ("": ready, from the classic layout)
+	State     string `json:"state,omitempty"` // stateCreating, stateReady or stateDeleting ("": ready, from the classic layout)
 	Permits   int    `json:"permits"`
-	Epoch     uint64 `json:"epoch"`
+	Epoch     uint64 `json:"epoch"` // the life's identity: random, below 2^53, new at every Init that creates
 	KeyCheck  string `json:"key_check,omitempty"`
 	QueueType string `json:"queue_type"`
 	Created   int64  `json:"created_unix_ms"`
-	// FenceGen counts the reconcile runs that issued tokens. A token
-	// issued by run g carries the fence base g<<fenceGenShift, above every
-	// fence the slot's earlier tokens gave (each is its base plus its
-	// delivery count, far below 2^fenceGenShift).
-	FenceGen uint64 `json:"fence_gen,omitempty"`
+	// HoldBoundMS is W, in milliseconds: the longest a holder whose
+	// connection stopped working may still believe it holds (its Conn's
+	// watchdog bound, see Conn.holdBound). Init stores its own Conn's;
+	// Open refuses a Conn whose bound is longer, and a repair or a delete
+	// waits on it (holdWait). 0: made before the bound was stored, see
+	// holdBound.
+	HoldBoundMS int64 `json:"hold_bound_ms,omitempty"`
+	// FenceBase is the fence base of the tokens Init made: the creating
+	// client's clock at Init, in microseconds (see fenceBase).
+	FenceBase uint64 `json:"fence_base,omitempty"`
+	// Issued is how many slots, from 0, have had a token in this life; a
+	// token for a slot at or above it (a grown semaphore's) is issued at
+	// once. 0: unknown (made before it was stored), every slot counts as
+	// issued.
+	Issued int `json:"issued,omitempty"`
+	// Reissued names, for each slot a repair issued a token for, the one
+	// current token: its ID and fence base. Every other token of the slot
+	// is retired (see classify).
+	Reissued map[int]reissue `json:"reissued,omitempty"`
+
+	// readAt is when the read that returned this configuration began (or,
+	// for one this client wrote, when the write ended): it was current
+	// then. Not stored.
+	readAt time.Time
+}
+
+// reissue is a slot's current token after a repair issued it.
+type reissue struct {
+	ID   string `json:"id"`
+	Base uint64 `json:"base"`
 }
 
 const (
 	configVersion = 1
 	stateCreating = "creating"
 	stateReady    = "ready"
+	stateDeleting = "deleting"
 )
 
 func (c config) ready() bool { return c.State == stateReady || c.State == "" }
+
+// holdBound returns W (see HoldBoundMS): the stored bound, or for a
+// configuration made before it was stored, the bound of a Conn with
+// DefaultHeartbeat.
+func (c config) holdBound() time.Duration {
+	if c.HoldBoundMS > 0 {
+		return time.Duration(c.HoldBoundMS) * time.Millisecond
+	}
+	return holdBoundOf(DefaultHeartbeat)
+}
+
+// holdWait is how long a repair holds a slot's claim, and a delete waits,
+// before they may let a new holder have the slot: W plus a third of it,
+// so that the loss reaches the holder's Done even when the watchdog's
+// timer fires late on a loaded machine (for Conns with the heartbeat that
+// made W: two heartbeats, when RabbitMQ itself drops a silent client).
+func (c config) holdWait() time.Duration { return c.holdBound() + c.holdBound()/3 }
+
+// issued reports whether slot index has had a token in this life.
+func (c config) issued(index int) bool { return c.Issued == 0 || index < c.Issued }
+
+// classify is reconciler.Classify with the slot's current token: a token
+// of a reissued slot other than the one Reissued names is retired.
+func (s *Semaphore) classify(cfg config, body []byte) reconciler.Entry {
+	e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, body)
+	if r, ok := cfg.Reissued[e.Token.Index]; ok && e.Valid && r.ID != e.Token.ID {
+		e.Valid, e.Reason = false, "retired"
+	}
+	return e
+}
+
+// fenceBase returns the fence base of tok under cfg: its slot's reissue
+// entry's, or the life's.
+func (c config) fenceBase(tok tokensem.Token) uint64 {
+	if r, ok := c.Reissued[tok.Index]; ok && r.ID == tok.ID {
+		return r.Base
+	}
+	return c.FenceBase
+}
+
+// maxFenceBase returns the highest fence base cfg knows of.
+func (c config) maxFenceBase() uint64 {
+	m := c.FenceBase
+	for _, r := range c.Reissued {
+		m = max(m, r.Base)
+	}
+	return m
+}
+
+// nextFenceBase returns the fence base of a token issued now: the clock in
+// microseconds, so that it is above every fence an earlier token of the
+// slot gave (its base plus its deliveries, of which there are far fewer
+// than microseconds between the two issues), provided the issuers' clocks
+// did not step back by more than the time between the issues. after is
+// the highest base known: a clock behind it moves the base 2^32 above it
+// instead.
+func nextFenceBase(after uint64) uint64 {
+	now := uint64(time.Now().UnixMicro())
+	if now <= after {
+		return after + 1<<32
+	}
+	return now
+}
+
+// withReissued returns c with slot index's current token set to tok, base
+// base (the map is copied: cached configurations are shared).
+func (c config) withReissued(index int, tok tokensem.Token, base uint64) config {
+	m := make(map[int]reissue, len(c.Reissued)+1)
+	maps.Copy(m, c.Reissued)
+	m[index] = reissue{ID: tok.ID, Base: base}
+	c.Reissued = m
+	return c
+}
+
+// newEpoch returns a random life identity: nonzero and below 2^53, so
+// that it survives a JSON number in any language.
+func newEpoch() uint64 {
+	for {
+		var b [8]byte
+		if _, err := crand.Read(b[:]); err != nil {
+			panic(err) // crypto/rand never fails on supported platforms
+		}
+		if e := binary.BigEndian.Uint64(b[:]) & (1<<53 - 1); e != 0 {
+			return e
+		}
+	}
+}
 
 func (c config) encode() []byte {
 	b, err := json.Marshal(c)
@@ -85,7 +204,7 @@ func configQueueArgs(version string) amqp.Table { return tokenQueueArgs(Quorum, 
 var errLegacyLayout = errors.New("amqpsem: configuration in the classic queue of an older amqpsem")
 
 // readConfig reads the configuration of a ready semaphore: one still being
-// created, or absent, is tokensem.ErrNotInitialized.
+// created, being deleted, or absent, is tokensem.ErrNotInitialized.
 func (s *Semaphore) readConfig(ctx context.Context) (config, error) {
 	cfg, err := s.loadConfig(ctx)
 	if errors.Is(err, errLegacyLayout) {
@@ -93,7 +212,10 @@ func (s *Semaphore) readConfig(ctx context.Context) (config, error) {
 			return config{}, err
 		}
 	}
-	if err == nil && !cfg.ready() {
+	switch {
+	case err == nil && cfg.State == stateDeleting:
+		return config{}, fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, s.name)
+	case err == nil && !cfg.ready():
 		return config{}, fmt.Errorf("%w: %s is still being created", tokensem.ErrNotInitialized, s.name)
 	}
 	return cfg, err
@@ -106,25 +228,33 @@ func (s *Semaphore) configRetry() time.Duration { return 2 * s.opts.RequestTimeo
 // loadConfig reads the stored configuration, in whatever state. It is
 // tokensem.ErrNotInitialized when the semaphore does not exist (or its
 // creation died before anything but an empty configuration queue existed),
-// errLegacyLayout for the classic layout, and a broker error (wrapping
-// tokensem.ErrUnavailable) when the message cannot be read in time.
+// errLegacyLayout for the classic layout, ctx.Err() itself when ctx ends,
+// and a broker error (wrapping tokensem.ErrUnavailable) when the message
+// cannot be read in time.
 func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.configRetry())
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, s.configRetry())
 	defer cancel()
 	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}
 	var last error
 	for {
-		cfg, found, err := s.loadConfigOnce(ctx)
+		cfg, found, err := s.loadConfigOnce(rctx)
 		switch {
-		case found || err != nil && !errors.Is(err, tokensem.ErrUnavailable):
-			return cfg, err
-		case err != nil:
-			last = err
-		default:
-			last = errors.New("the message is held by other readers")
+		case found:
+			cfg.readAt = start
+			return cfg, nil
+		case err != nil && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
+			return config{}, err
 		}
-		if pause.Wait(ctx, nil) != nil {
-			return config{}, wrapBrokerErr("reading the configuration of "+s.name, last)
+		last = err // nil: a reader held the message
+		if pause.Wait(rctx, nil) != nil {
+			switch {
+			case ctx.Err() != nil:
+				return config{}, ctx.Err()
+			case last != nil:
+				return config{}, last // says what failed, and whose configuration
+			}
+			return config{}, wrapBrokerErr("reading the configuration of "+s.name, errors.New("the message stayed held by other readers"))
 		}
 	}
 }
@@ -233,9 +363,15 @@ func (s *Semaphore) queueExists(ctx context.Context, q string) (bool, error) {
 // queueMessages returns the number of ready messages in queue q, and
 // whether it exists.
 func (s *Semaphore) queueMessages(ctx context.Context, q string) (int, bool, error) {
+	info, exists, err := s.queueInfo(ctx, q)
+	return info.Messages, exists, err
+}
+
+// queueInfo returns queue q's counts, and whether it exists.
+func (s *Semaphore) queueInfo(ctx context.Context, q string) (amqp.Queue, bool, error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
-		return 0, false, err
+		return amqp.Queue{}, false, err
 	}
 	defer ch.Close()
 	rctx, cancel := s.rtt(ctx)
@@ -247,13 +383,13 @@ func (s *Semaphore) queueMessages(ctx context.Context, q string) (int, bool, err
 	}, nil)
 	switch {
 	case err == nil:
-		return info.Messages, true, nil
+		return info, true, nil
 	case isHomeNodeDown(err):
-		return 0, false, wrapBrokerErr("queue "+q, err)
+		return amqp.Queue{}, false, wrapBrokerErr("queue "+q, err)
 	case isCode(err, amqp.NotFound):
-		return 0, false, nil
+		return amqp.Queue{}, false, nil
 	}
-	return 0, false, wrapBrokerErr("queue "+q, err)
+	return amqp.Queue{}, false, wrapBrokerErr("queue "+q, err)
 }
 
 // isHomeNodeDown reports whether err is RabbitMQ's 404 for a durable
@@ -302,7 +438,7 @@ func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
 	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}
 	for {
 		done, err := s.writeConfigOnce(ctx, next)
-		if done || err != nil && !errors.Is(err, tokensem.ErrUnavailable) {
+		if done || err != nil && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)) {
 			return err
 		}
 		if pause.Wait(ctx, nil) != nil {

@@ -129,7 +129,13 @@ func (c *Conn) supervise(s *session) {
 // watchdog.
 func (c *Conn) watch(s *session) {
 	closed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
+	// The negotiated heartbeat (the URL's heartbeat parameter may ask for
+	// another), but never longer than the Conn's: W (holdBound) rests on
+	// it.
 	hb := s.conn.Config.Heartbeat
+	if hb <= 0 || hb > c.heartbeat {
+		hb = c.heartbeat
+	}
 	if hb <= 0 {
 		select {
 		case <-closed:
@@ -243,16 +249,36 @@ func (c *Conn) session(ctx context.Context) (*session, error) {
 
 // channel opens a channel on the live connection. A connection that has
 // just died may still look current until its supervisor notices: opening a
-// channel on it waits for the next connection instead of failing.
+// channel on it waits for the next connection instead of failing. With a
+// context pinned to a session (see pin), it opens the channel on that
+// session, or fails with errLockLost once that session is lost.
 func (c *Conn) channel(ctx context.Context) (*channel, *session, error) {
+	if s := pinnedSession(ctx); s != nil {
+		if isDone(s.lost) {
+			return nil, nil, errLockLost
+		}
+		ch, err := c.openChannel(ctx, s)
+		switch {
+		case err == nil:
+			return &channel{Channel: ch}, s, nil
+		case ctx.Err() != nil:
+			return nil, nil, fmt.Errorf("amqpsem: opening a channel: %w", ctx.Err())
+		case s.conn.IsClosed() || errors.Is(err, amqp.ErrClosed):
+			return nil, nil, errLockLost
+		}
+		return nil, nil, wrapBrokerErr("open channel", err)
+	}
 	for {
 		s, err := c.session(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
-		ch, err := s.conn.Channel()
+		ch, err := c.openChannel(ctx, s)
 		if err == nil {
 			return &channel{Channel: ch}, s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil, fmt.Errorf("amqpsem: opening a channel: %w", ctx.Err())
 		}
 		if !s.conn.IsClosed() && !errors.Is(err, amqp.ErrClosed) {
 			return nil, nil, wrapBrokerErr("open channel", err)
@@ -265,6 +291,91 @@ func (c *Conn) channel(ctx context.Context) (*channel, *session, error) {
 			return nil, nil, tokensem.ErrClosed
 		}
 	}
+}
+
+// openChannel opens a channel on s, giving up when ctx ends: amqp091 waits
+// for the broker's channel.open-ok with no deadline, so the open goes on in
+// the background, and a channel it opens after all is closed there too.
+func (c *Conn) openChannel(ctx context.Context, s *session) (*amqp.Channel, error) {
+	if ctx.Done() == nil {
+		return s.conn.Channel()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, tokensem.ErrClosed
+	}
+	c.calls.Add(1)
+	c.mu.Unlock()
+	type opened struct {
+		ch  *amqp.Channel
+		err error
+	}
+	const (
+		running = iota
+		returned
+		abandoned
+	)
+	var state atomic.Int32
+	result := make(chan opened, 1)
+	go func() {
+		defer c.calls.Done()
+		ch, err := s.conn.Channel()
+		if state.CompareAndSwap(running, returned) {
+			result <- opened{ch, err}
+			return
+		}
+		if ch != nil {
+			_ = ch.Close() // its caller gave up
+		}
+	}()
+	select {
+	case r := <-result:
+		return r.ch, r.err
+	case <-ctx.Done():
+		if !state.CompareAndSwap(running, abandoned) { // opened as ctx ended
+			if r := <-result; r.ch != nil {
+				c.closeLater(&channel{Channel: r.ch})
+			}
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// errLockLost fails work done under a lock (see Semaphore.lockQueue) once
+// the connection that held the lock is gone: the broker deleted the lock
+// queue with it, and another client may hold the lock now.
+var errLockLost error = &unavailable{"amqpsem: the connection holding the lock was lost; the locked work stops"}
+
+type pinKey struct{}
+
+// pin returns ctx bound to session s: Conn.channel opens every channel for
+// it on s, and fails with errLockLost once s is lost.
+func pin(ctx context.Context, s *session) context.Context {
+	return context.WithValue(ctx, pinKey{}, s)
+}
+
+// pinnedSession returns the session ctx is pinned to, or nil.
+func pinnedSession(ctx context.Context) *session {
+	s, _ := ctx.Value(pinKey{}).(*session)
+	return s
+}
+
+// holdBound returns W for holders on c: the longest a holder whose
+// connection stopped working still believes it holds. The watchdog (see
+// watch) tells them 1.5 watchdog heartbeats after the send time of its
+// last confirmed probe.
+func (c *Conn) holdBound() time.Duration { return holdBoundOf(c.heartbeat) }
+
+func holdBoundOf(heartbeat time.Duration) time.Duration { return heartbeat + heartbeat/2 }
+
+// heartbeatFor returns the longest whole-second heartbeat whose hold bound
+// is at most bound.
+func heartbeatFor(bound time.Duration) time.Duration {
+	return max(time.Second, (bound * 2 / 3).Truncate(time.Second))
 }
 
 // confirmChannel opens a channel in publisher-confirm mode.

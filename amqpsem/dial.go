@@ -35,7 +35,11 @@ type DialOption func(*Conn) error
 
 // WithHeartbeat sets the AMQP heartbeat (whole seconds, at least 1s; default
 // DefaultHeartbeat). A frozen or partitioned holder loses its permit about
-// two heartbeats after it went silent.
+// two heartbeats after it went silent. The Conn's watchdog tells a holder
+// whose connection stopped working within 1.5 heartbeats (W, see the
+// package doc): Init stores that bound in the semaphore, and Open and Init
+// refuse a Conn whose heartbeat is longer than the one the semaphore was
+// made with (tokensem.ErrInvalidOption).
 func WithHeartbeat(d time.Duration) DialOption {
 	return func(c *Conn) error {
 		if d < time.Second || d%time.Second != 0 {

@@ -5,14 +5,16 @@
 //     option) holding one persistent token message per permit, published
 //     with publisher confirms;
 //   - the quorum queue tokensem.NAME.cfg holding its configuration (permits,
-//     epoch, signing-key check) as exactly one message: a reader takes it
-//     with basic.get and requeues it at once, so Open needs only the name; a
+//     epoch, signing-key check, W, fence bases, each repaired slot's
+//     current token) as exactly one message: a reader takes it with
+//     basic.get and requeues it at once, so Open needs only the name; a
 //     writer (under the creation lock) replaces it in one AMQP transaction
 //     (publish the next version, ack the old), which RabbitMQ applies whole
 //     or not at all;
-//   - one classic claim queue tokensem.NAME.claim.I per slot that has ever
-//     been held, created on first use, and the exclusive queue
-//     tokensem.NAME.lock while an Init, a resize or a reconcile runs.
+//   - one classic claim queue tokensem.NAME.claim.I per slot, declared by
+//     Init before the first token exists, and the exclusive queue
+//     tokensem.NAME.lock while an Init, a resize, a reconcile or a delete
+//     runs.
 //
 // Semaphores made by an older amqpsem, which kept the configuration as
 // copies in the classic queue tokensem.NAME.config, are moved to the quorum
@@ -24,31 +26,88 @@
 // Acquire consumes the token queue on a channel of its own with prefetch 1
 // (TryAcquire takes a ready token with basic.get): the broker pushes a
 // returned token to a waiting consumer, so waiters are served without
-// polling. On its first delivery the waiter cancels its
-// consumer and claims the token's slot with an exclusive consumer on the
-// slot's claim queue. Holding is keeping the delivery unacked. The broker
-// refuses a second exclusive consumer (403), so a duplicated token can never
-// admit two holders of one slot: it is returned and retried after a pause.
-// Release cancels the claim, then rejects the token with requeue, which puts
-// it behind the waiters already queued.
+// polling. On its first delivery the waiter cancels its consumer and
+// claims the token's slot with an exclusive consumer on the slot's claim
+// queue (one round trip), then checks the token against a configuration
+// read less than two seconds before. Holding is keeping the delivery
+// unacked. The broker refuses a second exclusive consumer (403), so a
+// duplicated token can never admit two holders of one slot: it is returned
+// and retried after a pause. Release cancels the claim, then rejects the
+// token with requeue, which puts it behind the waiters already queued.
 //
 // # Guarantees and how they hold here
 //
 // A holder's channel and claim live and die with its connection: when the
 // process dies or its connection drops, the broker requeues the token and
 // frees the claim at once (measured 2–7 ms). Conn's watchdog confirms the
-// connection every heartbeat/2 and gives up after 1.5 heartbeats of
-// silence, before RabbitMQ (which waits about two heartbeats, measured 3 s
-// for a 1 s heartbeat on 3.10.8) requeues the tokens, so a holder whose
-// process runs learns of a loss first. Fence is the quorum queue's delivery
-// count of the token plus one, on top of a fence base that a token issued
-// by the reconciler carries (a new generation per reconcile run, stored in
-// the configuration), so a slot's fences keep growing when its lost token
-// is replaced. Classic queues do not count deliveries: Fence is only the
-// base there (0 for Init's tokens). A duplicated token message (which the
-// claim keeps from admitting a second holder) counts on its own until the
-// reconciler removes it, so fences are monotonic per slot only while the
-// slot has one message.
+// connection every heartbeat/2 and gives up 1.5 heartbeats after the send
+// time of its last confirmed probe, before RabbitMQ (which waits about two
+// heartbeats, measured 3 s for a 1 s heartbeat on 3.10.8) requeues the
+// tokens, so a holder whose process runs learns of a loss first. That
+// bound is W: the longest a holder whose connection stopped working (a
+// stalled link) can still believe it holds. Init stores its Conn's W in the
+// configuration (7.5 s with DefaultHeartbeat), and Open and Init refuse,
+// with tokensem.ErrInvalidOption, a Conn whose heartbeat would make W
+// longer; a semaphore's gate takes its semaphore's W.
+//
+// A holder whose slot claim the broker cancels (the claim queue was
+// deleted: its node restarted or was lost, or the semaphore was deleted)
+// loses its permit at once, even though its token and connection are fine:
+// a holder connected to another node than its claim queue's loses its
+// permit with that node. That is the safe side, because every step that
+// could let a second holder have the slot waits W (and a third, for the
+// notice to reach Done on a loaded machine: two heartbeats of the Conn
+// that made the semaphore) while it holds the slot itself:
+//   - a token that was delivered before and finds its slot's claim queue
+//     gone claims the slot only through a quarantine: the queue is made
+//     exclusive to one connection and held for that long, then made again
+//     as every holder uses it (see claims.go; a quarantine cut short takes
+//     the queue with it, so the next claimer starts one over). TryAcquire
+//     starts the quarantine and leaves that token for later;
+//   - a repair (reconcile --repair, or a waiter's orphan repair, see
+//     WithOrphanRepair) issues a token for a missing slot only after it
+//     has claimed the slot and held the claim that long, unless the token
+//     queue shows at some moment that nobody holds a token at all, and at
+//     least two seconds after it named the new token in the configuration,
+//     so that every client refuses the slot's other tokens by then;
+//   - Delete and ForceDelete, when a permit may be held, remove the token
+//     and claim queues, hold the creation lock that long, and only then
+//     remove the configuration, so that a new life of the name cannot be
+//     claimed while a holder of the old one may still believe. A deleter
+//     that dies during the wait leaves the configuration marked
+//     "deleting", and the next Init or Delete waits in full first.
+//
+// Each Init that creates is a new life of the name, with a random epoch
+// that its tokens carry: a token is admitted only by the configuration of
+// its own life. Fence is a fence base plus the quorum queue's delivery
+// count of the token plus one. The base is fixed when the token is issued:
+// the issuing client's clock in microseconds, stored in the configuration
+// (the life's, for Init's tokens; for a repaired slot, its current token's
+// ID and base), not in the message, which anyone who may publish could
+// forge. A slot's fences therefore keep growing across repairs, returning
+// orphans and Delete followed by Init, provided the clocks of the clients
+// that issue tokens do not step back by more than the time between two
+// issues (a slot changes hands far less often than once a microsecond). A
+// repaired slot's other tokens (its lost token, if it returns) are retired:
+// refused and removed when next delivered, or by the next reconcile.
+// Classic queues do not count deliveries: Fence is only the base there, the
+// same for every holder of a token.
+//
+// What the protocol cannot see, the fence must catch:
+//   - a frozen process (SIGSTOP, a long GC pause) holds past W without
+//     knowing it;
+//   - a holder connected to node X through a link that stalls just as X
+//     dies: RabbitMQ may return X's consumers' tokens as soon as the
+//     cluster sees X gone, and if the holder's claim queue lives on another
+//     node, the next waiter claims the slot at once, up to W before the
+//     holder gives up (a claim queue on X itself goes with X, and the
+//     quarantine covers that case). A node killed while its host lives
+//     resets the holder's connection, which ends the permit at once;
+//   - a network partition between nodes with RabbitMQ's default partition
+//     handling (ignore): a holder on the minority side can keep a permit
+//     the majority hands to someone else. Run clusters with
+//     cluster_partition_handling = pause_minority, which closes the
+//     minority's connections.
 //
 // RabbitMQ 4.x drops a quorum-queue message silently once it has been
 // returned more than the delivery limit (default 20). Init reads the server
@@ -59,11 +118,15 @@
 //
 // Dial takes a comma-separated list of the nodes' URLs; the connection
 // fails over to the next node when one goes away. Losing one node of three
-// loses the connections to it and nothing else:
+// loses the connections to it and what lives only on it:
 //   - permits held through the lost node are lost (Done closes at once: the
 //     connection broke), and their tokens return once the token queue has
 //     a leader again (under a second, measured on 3.10.8), unless the
 //     broker keeps them for consumers that are gone (below);
+//   - permits whose slots' claim queues lived on the lost node (all of a
+//     semaphore's live on the node Init went through) are lost too (the
+//     broker cancels their claims), and their slots come back after a
+//     quarantine of W and a third;
 //   - callers waiting through the lost node go on waiting through another;
 //   - the token and configuration queues are quorum queues and keep
 //     working through an election. RabbitMQ answers a basic.get on a
@@ -72,27 +135,21 @@
 //     reads consume instead (a consumer waits for the new leader); only
 //     TryAcquire and a census take messages with basic.get (a census needs
 //     the broker's "empty" answer), so give reconcilers a connection of
-//     their own;
-//   - a claim queue lives on the node it was first declared through and
-//     dies with it; the broker cancels the claim of a holder connected
-//     elsewhere, which claims the slot again at once (and a reconcile looks
-//     a missing slot's claim up again a second after its census before it
-//     issues a token).
+//     their own.
 //
 // RabbitMQ 3.10 can keep the token of a holder on a lost node checked out
 // to a consumer that no longer exists, until the token queue's leader
 // restarts (rabbitmq-server's open issue "Quorum queue accumulates orphaned
-// unacked messages after leader election"). AMQP shows no count of
+// unacknowledged messages after leader election"). AMQP shows no count of
 // unacknowledged messages; Status warns when the queue counts consumers that
 // neither hold a permit nor take the ready tokens. Once every other token is
 // held, such orphans would stop every waiter, so a caller of Acquire that
 // has waited WithOrphanRepair's interval (default 10 s) with no token looks
 // up every slot's claim, and if a slot has no holder it runs a repair on a
 // connection of its own, which issues a replacement for a slot that neither
-// a ready token nor a claim names; a later reconcile removes the copy as a
-// duplicate once it returns (the claim refuses it meanwhile). To release
-// the orphans, restart the node that leads the token queue (rabbitmq-queues
-// quorum_status names it).
+// a ready token nor a claim names (after the wait above); the orphan, when
+// it returns, is retired by it. To release the orphans, restart the node
+// that leads the token queue (rabbitmq-queues quorum_status names it).
 //
 // # Listing and deleting
 //
@@ -103,6 +160,25 @@
 // creation lock, which Init takes too; Delete first takes every slot's
 // claim consumer itself, so that it refuses while a permit is held and no
 // permit can be taken while it removes the queues.
+//
+// The creation lock (an exclusive queue) lives with the connection that
+// declared it, while a Conn reconnects behind its callers' backs. The work
+// done under the lock (Init's creation, a resize's configuration write, a
+// reconcile's removals and issues, a delete) runs only on channels of that
+// connection: once it is lost, the work fails (and a retry takes the lock
+// again) instead of going on, unlocked, over the next connection.
+//
+// # Cancellation
+//
+// Acquire and TryAcquire (and so tokensem.Do) return ctx.Err() itself once
+// ctx has ended, whatever step it cut short, and return promptly: after
+// ctx ends no step waits for the broker (a call it has not answered is
+// abandoned, and its channel closed in the background), so a call returns
+// within its deadline plus the Go scheduler's delay in waking it plus
+// 150 ms, which the package's test checks under load. There, with four
+// CPU-bound goroutines in the process on a busy 2-core machine, a bare
+// wait on a context's 3 ms deadline woke up to 415 ms late, and calls
+// returned at worst 304 ms after their deadline.
 //
 // # Connections, TLS and credentials
 //
@@ -125,5 +201,13 @@
 // unavailable for an instant and moves them to the back of the queue. A
 // duplicated token circulates (without admitting anyone twice) until the
 // reconciler removes it. A token is delivered to the longest-subscribed
-// waiter; a waiter that met a duplicate re-subscribes at the back.
+// waiter; a waiter that met a duplicate re-subscribes at the back. Init
+// declares one claim queue per permit (about a millisecond each on a busy
+// 2-core machine), so an Init of thousands of permits takes seconds. A
+// repair, a delete with permits held, and the first claim of each slot
+// after its claim queue's node restarted, take W and a third (10 s with
+// DefaultHeartbeat). A semaphore made before W was stored uses
+// DefaultHeartbeat's; its slots' claim queues were made on first use, so
+// the first claim of a slot never used since is quarantined too when its
+// token was delivered before (a Status, a cancelled wait).
 package amqpsem

@@ -22,7 +22,7 @@ func legacyConfigQueue(name string) string { return "tokensem." + name + ".confi
 // queue is left as it was, for clients of the older version still running;
 // delete it once none is.
 func (s *Semaphore) migrate(ctx context.Context) (config, error) {
-	unlock, err := s.lock(ctx)
+	ctx, unlock, err := s.lock(ctx)
 	if err != nil {
 		return config{}, err
 	}

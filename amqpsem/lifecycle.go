@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -13,23 +14,28 @@ import (
 	"github.com/tokensem/tokensem/internal/weighted"
 )
 
-// errDeleted is the cause of the loss of a permit whose semaphore was
-// deleted.
-var errDeleted = errors.New("amqpsem: the semaphore was deleted")
-
 // Delete removes semaphore name, under its creation lock (no Init,
-// reconcile or resize runs meanwhile): its configuration queue first, so
-// that nobody can open it any more, then its token queue, its slots' claim
-// queues and the configuration queue of an older layout. While any permit
-// is held it returns an error wrapping tokensem.ErrHeld and changes
-// nothing. To tell, it claims every slot itself as a holder would, so that
-// no permit can be taken while it removes the queues: a holder either
-// makes Delete refuse or never gets its permit (Acquire calls waiting
-// meanwhile return tokensem.ErrNotInitialized once the semaphore is gone).
-// Delete finishes a delete that was cut short; afterwards Init of the same
-// name with other values succeeds. No signing key is needed. A holder of a
-// slot that a shrink retired (index >= permits) is not seen by the check:
-// Delete takes its permit as ForceDelete would.
+// reconcile or resize runs meanwhile). While any permit is held it returns
+// an error wrapping tokensem.ErrHeld and changes nothing. To tell, it
+// claims every slot itself as a holder would, so that no permit can be
+// taken while it removes the queues: a holder either makes Delete refuse
+// or never gets its permit (Acquire calls waiting meanwhile return
+// tokensem.ErrNotInitialized once the semaphore is gone). Delete finishes
+// a delete that was cut short; afterwards Init of the same name with other
+// values succeeds. No signing key is needed. A holder of a slot that a
+// shrink retired (index >= permits) is not seen by the check: Delete takes
+// its permit as ForceDelete would.
+//
+// A holder whose connection stopped working may believe it holds for W
+// (see WithHeartbeat) after the broker took its permit away. When the
+// token queue shows anyone holding or waiting for a token (a quorum queue
+// counts both; a classic one cannot tell), or a slot was held, Delete marks
+// the configuration "deleting", removes the token and claim queues, waits
+// W and a third (two heartbeats of the Conn that made the semaphore) with
+// the lock held, and only then removes the configuration: a new life of
+// the name cannot be claimed while a holder of the old one may still
+// believe. If the deleter dies during that wait, the next Init or Delete
+// of the name waits it out in full first.
 //
 // The semaphore's gate (see AcquireN) goes with it, force-deleted: a
 // gatherer holding it has nothing left to gather. A weighted caller whose
@@ -37,7 +43,8 @@ var errDeleted = errors.New("amqpsem: the semaphore was deleted")
 // next Init of the name uses it, the next Delete removes it.
 //
 // Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
-// that name exists), tokensem.ErrHeld, or a wrapped broker error.
+// that name exists), tokensem.ErrHeld, ctx.Err(), or a wrapped broker
+// error.
 func Delete(ctx context.Context, c *Conn, name string) error {
 	return deleteSemaphore(ctx, c, name, false)
 }
@@ -45,7 +52,9 @@ func Delete(ctx context.Context, c *Conn, name string) error {
 // ForceDelete removes semaphore name as Delete does, held permits or not.
 // The broker cancels every consumer of the deleted queues: holders lose
 // their permits (Done closes with an error wrapping tokensem.ErrLeaseLost)
-// and waiters in Acquire return tokensem.ErrNotInitialized.
+// and waiters in Acquire return tokensem.ErrNotInitialized. With a permit
+// held it always waits as Delete describes, so it returns only once every
+// holder has been told or has passed W.
 func ForceDelete(ctx context.Context, c *Conn, name string) error {
 	return deleteSemaphore(ctx, c, name, true)
 }
@@ -64,12 +73,13 @@ func deleteNamed(ctx context.Context, c *Conn, name string, force bool) error {
 		return err
 	}
 	defer s.Close()
-	return backoff.Removal(func(step func() error) error { return s.retry(ctx, "delete", step) },
+	err = backoff.Removal(func(step func() error) error { return s.retryLocking(ctx, "delete", step) },
 		tokensem.ErrNotInitialized, func(removed *bool) error { return s.delete(ctx, force, removed) })
+	return ctxErr(ctx, err)
 }
 
 func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {
-	unlock, err := s.lock(ctx)
+	ctx, unlock, err := s.lock(ctx)
 	if err != nil {
 		return err
 	}
@@ -77,8 +87,8 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 	cfg, err := s.loadConfig(ctx)
 	switch {
 	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, errLegacyLayout):
-		// No current configuration: whatever is left of a creation or a
-		// delete cut short, or an older layout, goes.
+		// No current configuration: whatever is left of a creation cut
+		// short, or an older layout, goes.
 		found, err := s.deleteQueues(ctx, 0)
 		*removed = *removed || found
 		if err != nil {
@@ -93,35 +103,130 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		return nil
 	case err != nil:
 		return err
-	}
-	s.setConfig(cfg)
-	if !force {
-		release, err := s.closeSlots(ctx, cfg.Permits)
-		if err != nil {
+	case cfg.State == stateDeleting:
+		*removed = true
+		if err := s.finishDelete(ctx, cfg); err != nil {
 			return err
 		}
-		defer release()
+		return s.unregister(ctx)
+	}
+	s.setConfig(cfg)
+	refuse := 0 // slots below refuse that are held make Delete refuse
+	if !force {
+		refuse = cfg.Permits
+	}
+	release, held, err := s.closeSlots(ctx, cfg.slots(), refuse)
+	if err != nil {
+		return err
+	}
+	defer release()
+	believers := len(held) > 0
+	if !believers {
+		// None can come while the slots are claimed here: a moment with
+		// no token out proves there is none.
+		if believers, err = s.tokensOutFor(ctx, cfg, deleteLook); err != nil {
+			return err
+		}
 	}
 	*removed = true
-	if _, err := s.deleteQueues(ctx, cfg.Permits); err != nil {
+	if believers {
+		s.log.Info("deleting: a permit may be held; waiting for its holder before the configuration goes", "held", held, "wait", cfg.holdWait())
+		cfg.State, cfg.Seq = stateDeleting, cfg.Seq+1
+		if err := s.writeConfig(ctx, cfg); err != nil {
+			return err
+		}
+		if err := s.finishDelete(ctx, cfg); err != nil {
+			return err
+		}
+	} else if _, err := s.deleteQueues(ctx, cfg.slots()); err != nil {
 		return err
 	}
 	s.log.Info("semaphore deleted")
 	return s.unregister(ctx)
 }
 
-// closeSlots claims every slot as a holder would (an exclusive consumer on
-// its claim queue), so that no claim can succeed while Delete removes the
-// queues: a claimer that got a token is refused and gives it back. A slot
-// claimed already is held: tokensem.ErrHeld, and nothing is kept. release
-// drops the claims (the queues' deletion drops them too).
-func (s *Semaphore) closeSlots(ctx context.Context, permits int) (release func(), err error) {
+// finishDelete removes the queues of a semaphore whose configuration says
+// "deleting": the token and claim queues, then, W and a third later, the
+// configuration. The wait starts over: a deleter that wrote the mark may
+// have died at any point of its own.
+func (s *Semaphore) finishDelete(ctx context.Context, cfg config) error {
+	queues := []string{QueueName(s.name), legacyConfigQueue(s.name)}
+	for i := range cfg.slots() {
+		queues = append(queues, claimQueue(s.name, i))
+	}
+	for _, q := range queues {
+		if err := s.deleteQueue(ctx, q); err != nil {
+			return err
+		}
+	}
+	if err := backoff.Sleep(ctx, cfg.holdWait()); err != nil {
+		return err
+	}
+	// On the lock's connection (pinned), or not at all: the wait counts
+	// only if no one else took the lock meanwhile.
+	return s.deleteQueue(ctx, configQueue(s.name))
+}
+
+// tokensOut reports whether anyone may hold a token: a quorum token queue
+// counts as a consumer everyone holding one of its messages unacked, a
+// waiter, an orphan (measured on 3.10.8, see Status), and a holder whose
+// claim the broker cancelled; a classic one counts only waiters.
+func (s *Semaphore) tokensOut(ctx context.Context, cfg config) (bool, error) {
+	if cfg.QueueType != Quorum {
+		return true, nil
+	}
+	q, exists, err := s.queueInfo(ctx, QueueName(s.name))
+	return !exists || q.Consumers > 0, err
+}
+
+// tokensOutFor looks at the token queue for up to d, and reports whether
+// tokens were out (see tokensOut) every time it looked.
+func (s *Semaphore) tokensOutFor(ctx context.Context, cfg config, d time.Duration) (bool, error) {
+	for end := time.Now().Add(d); ; {
+		out, err := s.tokensOut(ctx, cfg)
+		if err != nil || !out || cfg.QueueType != Quorum || time.Now().After(end) {
+			return out, err
+		}
+		if err := backoff.Sleep(ctx, tokensOutPoll); err != nil {
+			return true, err
+		}
+	}
+}
+
+// deleteLook is how long a delete looks for a moment with no token out,
+// before it takes the slow way (see Delete).
+const deleteLook = 250 * time.Millisecond
+
+// slots returns how many slots may have a claim queue: every slot that
+// had a token in this life.
+func (c config) slots() int {
+	if c.Issued > c.Permits {
+		return c.Issued
+	}
+	return c.Permits
+}
+
+// closeSlots claims slots [0, slots) as a holder would (an exclusive
+// consumer on its claim queue), so that no claim can succeed while Delete
+// removes the queues: a claimer that got a token is refused and gives it
+// back. A slot claimed already is held: below refuse that is
+// tokensem.ErrHeld, and nothing is kept; above, the slot is returned in
+// held. release drops the claims (the queues' deletion drops them too).
+func (s *Semaphore) closeSlots(ctx context.Context, slots, refuse int) (release func(), held []int, err error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	release = func() { _ = ch.Close() }
-	for i := range permits {
+	for i := range slots {
+		if ch.IsClosed() { // a held slot's 403 closed it
+			if ch, _, err = s.c.channel(ctx); err != nil {
+				release()
+				return nil, nil, err
+			}
+			prev := release
+			release = func() { prev(); _ = ch.Close() }
+		}
 		q := claimQueue(s.name, i)
 		rctx, cancel := s.rtt(ctx)
 		err := s.c.rpc(rctx, ch, func() error {
@@ -136,25 +241,27 @@ func (s *Semaphore) closeSlots(ctx context.Context, permits int) (release func()
 		}, nil)
 		cancel()
 		switch {
-		case isCode(err, amqp.AccessRefused):
+		case (isCode(err, amqp.AccessRefused) || isCode(err, amqp.ResourceLocked)) && i < refuse:
 			release()
-			return nil, fmt.Errorf("%w: %s: slot %d is held", tokensem.ErrHeld, s.name, i)
+			return nil, nil, fmt.Errorf("%w: %s: slot %d is held", tokensem.ErrHeld, s.name, i)
+		case isCode(err, amqp.AccessRefused) || isCode(err, amqp.ResourceLocked):
+			held = append(held, i)
 		case err != nil:
 			release()
-			return nil, wrapBrokerErr("claim slot "+strconv.Itoa(i)+" to delete it", err)
+			return nil, nil, wrapBrokerErr("claim slot "+strconv.Itoa(i)+" to delete it", err)
 		}
 	}
-	return release, nil
+	return release, held, nil
 }
 
 // deleteQueues deletes the semaphore's queues, configuration first, and
-// the claim queues of slots [0, permits); found says any of them existed.
+// the claim queues of slots [0, slots); found says any of them existed.
 // A claim queue of a slot retired by a shrink that nobody held since is
 // not known here: it is not durable, and goes with its node's next
 // restart.
-func (s *Semaphore) deleteQueues(ctx context.Context, permits int) (found bool, err error) {
+func (s *Semaphore) deleteQueues(ctx context.Context, slots int) (found bool, err error) {
 	queues := []string{configQueue(s.name), QueueName(s.name), legacyConfigQueue(s.name)}
-	for i := range permits {
+	for i := range slots {
 		queues = append(queues, claimQueue(s.name, i))
 	}
 	for i, q := range queues {

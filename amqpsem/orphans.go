@@ -36,7 +36,8 @@ func (oc *orphanCheck) done(first time.Duration) {
 }
 
 // orphanCheckLimit bounds one orphan check, the repair's wait for the
-// creation lock and its census retries included.
+// creation lock and its census retries included, on top of the repair's
+// hold of the missing slots (config.holdWait).
 const orphanCheckLimit = 30 * time.Second
 
 // startOrphanCheck starts a check in a goroutine of the Semaphore's (Close
@@ -51,8 +52,8 @@ func (s *Semaphore) startOrphanCheck() {
 	}
 	s.orphanRun = true
 	go func() {
-		defer s.orphanWG.Done()
-		ctx, cancel := context.WithTimeout(s.life, orphanCheckLimit)
+		defer s.tasks.Done()
+		ctx, cancel := context.WithTimeout(s.life, orphanCheckLimit+s.config().holdWait())
 		defer cancel()
 		s.repairOrphans(ctx)
 		s.orphanMu.Lock()
@@ -61,7 +62,7 @@ func (s *Semaphore) startOrphanCheck() {
 	}()
 }
 
-// track counts a goroutine of the Semaphore's in orphanWG, which Close
+// track counts a goroutine of the Semaphore's in tasks, which Close
 // waits for; it returns false once Close has been called.
 func (s *Semaphore) track() bool {
 	s.mu.Lock()
@@ -69,16 +70,17 @@ func (s *Semaphore) track() bool {
 	if s.closed {
 		return false
 	}
-	s.orphanWG.Add(1)
+	s.tasks.Add(1)
 	return true
 }
 
 // repairOrphans looks up every slot's claim; if some slot has no holder,
 // it runs a repair on a connection of its own: the census there proves a
-// slot missing only when neither a ready token nor a claim names it, twice
-// a second apart, and the repair issues it (a duplicate this makes of a
-// token that was only on its way can never admit a second holder: the
-// claim refuses it, and the next repair removes it). The connection is
+// slot missing only when neither a ready token nor a claim names it, and
+// the repair issues it only after holding the slot's claim for W (see
+// Inventory.Issue). The copy it makes retires the slot's old token: if the
+// orphan (or a token that was only on its way) returns, it is removed
+// when next delivered, or by the next repair. The connection is
 // separate because the census takes ready tokens with basic.get, which
 // RabbitMQ answers during a queue's election by closing the connection
 // and every permit on it; it is closed when ctx ends, which ends every

@@ -36,9 +36,10 @@ func openAMQP(t *testing.T, n string, opts ...amqpsem.Option) *amqpsem.Semaphore
 
 // TestOrphanRepair: the only token is checked out to a consumer that never
 // gives it back. A waiter repairs that once it has waited the orphan
-// check's interval, and gets a permit; the orphan that returns later is a
-// copy which admits no second holder while the permit is held, and which
-// a reconcile removes.
+// check's interval (and the repair has held the slot for W), and gets a
+// permit; the orphan that returns later is retired by the repair's copy:
+// it admits no one, and whoever meets it first (a waiter, or a reconcile)
+// removes it.
 func TestOrphanRepair(t *testing.T) {
 	n := name(t)
 	admin := initAMQP(t, n, 1)
@@ -66,8 +67,8 @@ func TestOrphanRepair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Duplicates) != 1 || rep.Removed != 1 || !rep.Healthy {
-		t.Fatalf("reconcile after the orphan returned: %+v; want the copy of slot 0 removed", rep)
+	if len(rep.Duplicates) != 0 || rep.Removed > 1 || !rep.Healthy {
+		t.Fatalf("reconcile after the orphan returned: %+v; want it healthy, the orphan removed if the waiter did not", rep)
 	}
 	st, err := admin.Status(t.Context())
 	if err != nil {

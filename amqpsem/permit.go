@@ -34,86 +34,55 @@ type Permit struct {
 	exited chan struct{}
 }
 
-func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.Token) *Permit {
+func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.Token, cfg config) *Permit {
 	select {
 	case <-pc.claimCancelled: // of an earlier claim on this channel
 	default:
 	}
-	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d, s.config().QueueType == Quorum),
+	p := &Permit{s: s, pc: pc, tag: d.DeliveryTag, tok: tok, fence: fence(d, tok, cfg),
 		life: permitstate.New(s.opts.Observer, s.name, s.Permits()), stop: make(chan struct{}), exited: make(chan struct{})}
 	go p.run()
 	s.log.Debug("permit acquired", "index", tok.Index, "fence", p.fence)
 	return p
 }
 
+// run watches the permit until it is released or lost. A claim the broker
+// cancels is a loss at once: the claim queue was deleted (the semaphore
+// was deleted, or the queue's node restarted or was lost), and from then
+// on nothing keeps another holder off the slot but the repair's and the
+// next claimer's wait (see claims.go), which count on this holder giving
+// up now. The channel is closed, which returns the token.
 func (p *Permit) run() {
 	defer close(p.exited)
 	hold := time.NewTimer(p.s.opts.maxHold)
 	defer hold.Stop()
-	for {
-		select {
-		case <-p.stop:
-		case <-p.pc.closed:
-			p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %v", p.pc.closeErr()))
-		case <-p.pc.sess.lost:
-			p.lose(errors.New("amqpsem: connection lost, token requeued"))
-		case <-hold.C:
-			p.giveBack()
-			p.lose(errMaxHold)
-		case <-p.pc.claimCancelled:
-			if err := p.reclaim(); err != nil {
-				_ = p.pc.ch.Close() // the token goes back
-				p.lose(fmt.Errorf("amqpsem: slot claim cancelled and not regained: %w", err))
-				return
-			}
-			continue
-		}
-		return
+	select {
+	case <-p.stop:
+	case <-p.pc.closed:
+		p.lose(fmt.Errorf("amqpsem: channel closed, token requeued: %v", p.pc.closeErr()))
+	case <-p.pc.sess.lost:
+		p.lose(errors.New("amqpsem: connection lost, token requeued"))
+	case <-hold.C:
+		_ = p.giveBack()
+		p.lose(errMaxHold)
+	case <-p.pc.claimCancelled:
+		p.lose(errClaimCancelled)
+		_ = p.pc.ch.Close() // the token goes back
 	}
 }
 
-// reclaim claims the slot again after the broker cancelled the claim: a
-// claim queue lives on one node (the one it was first declared through),
-// and when that node goes away the queue goes with it, while the token
-// queue (replicated) and this holder's connection (to another node) are
-// fine. The holder declares the claim queue again, now on its own node,
-// and consumes it exclusively. The slot was unclaimed for that moment; a
-// second token of the slot could claim it only if a reconciler issued one
-// meanwhile, and a reconciler checks a missing slot's claim again after
-// claimSettle before it issues one.
-//
-// A claim is also cancelled when the semaphore is deleted (ForceDelete
-// deletes the token queue before the claim queues): then there is nothing
-// to claim again.
-func (p *Permit) reclaim() error {
-	// Bounded, and cut short by a connection loss, which the run loop
-	// must report at once (it waits for this).
-	ctx, cancel := context.WithTimeout(context.Background(), 2*p.s.opts.RequestTimeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-p.pc.sess.lost:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	switch exists, err := p.s.queueExists(ctx, QueueName(p.s.name)); {
-	case err != nil:
-		return err
-	case !exists:
-		return errDeleted
-	}
-	p.s.log.Warn("slot claim cancelled by the broker (its queue's node went away); claiming again", "index", p.tok.Index)
-	p.s.forgetClaim(p.tok.Index)
-	return p.s.claimSlot(p.pc, p.tok.Index)
-}
+// errClaimCancelled is the cause of the loss of a permit whose slot claim
+// the broker cancelled.
+var errClaimCancelled = errors.New("amqpsem: the broker cancelled the slot's claim (its claim queue was deleted: " +
+	"the semaphore was deleted, or the queue's node restarted or was lost); token requeued")
 
 // Token returns the held token.
 func (p *Permit) Token() tokensem.Token { return p.tok }
 
-// Fence returns the fencing number: the token's fence base plus its
-// delivery count on quorum queues; only the base (0 for Init's tokens) on
-// classic queues, which do not count deliveries.
+// Fence returns the fencing number: the token's fence base (its issue
+// time in microseconds: see the package doc) plus its delivery count plus
+// one on quorum queues; only the base on classic queues, which do not
+// count deliveries.
 func (p *Permit) Fence() uint64 { return p.fence }
 
 // Done is closed when the permit is released or lost.

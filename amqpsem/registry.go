@@ -105,7 +105,7 @@ func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
 	}
 	defer s.Close()
 	var out []tokensem.Info
-	err = s.retry(ctx, "list", func() error {
+	err = s.retryLocking(ctx, "list", func() error {
 		out, err = s.list(ctx)
 		return err
 	})
@@ -183,8 +183,11 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 		return info, err
 	}
 	info.Permits = cfg.Permits
-	if cfg.ready() {
+	switch {
+	case cfg.ready():
 		info.State = "ready"
+	case cfg.State == stateDeleting:
+		info.State = "deleting"
 	}
 	return info, nil
 }
@@ -216,7 +219,7 @@ type registered struct {
 // fn, acknowledges (removes) the entries fn returns and puts the others
 // back. A registry that does not exist is empty.
 func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (drop []registered, err error)) error {
-	unlock, err := s.lockQueue(ctx, registryLock, "another List or Delete (the registry lock)")
+	ctx, unlock, err := s.lockQueue(ctx, registryLock, "another List or Delete (the registry lock)")
 	if err != nil {
 		return err
 	}
@@ -331,17 +334,23 @@ const (
 // callers sharing this process's connection (to which the exclusive queue
 // belongs) out of each other's way. It waits, until ctx ends, while
 // someone else (holder, for messages) has the lock.
-func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), error) {
+//
+// The lock lives with the connection that declared it, while the Conn
+// reconnects behind its callers' backs: the returned context pins the
+// locked work to that connection (see pin). Every channel the work opens
+// with it is opened there, and once that connection is lost, the work
+// fails with errLockLost instead of going on, unlocked, on the next one.
+func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (context.Context, func(), error) {
 	local := s.c.localLock(q)
 	if !tryLock(ctx, local) {
-		return nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, ctx.Err())
+		return nil, nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, ctx.Err())
 	}
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
 	for {
-		ch, _, err := s.c.channel(ctx)
+		ch, sess, err := s.c.channel(ctx)
 		if err != nil {
 			local.Unlock()
-			return nil, err
+			return nil, nil, err
 		}
 		rctx, cancel := s.rtt(ctx)
 		err = s.c.rpc(rctx, ch, func() error {
@@ -350,7 +359,7 @@ func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), er
 		}, nil)
 		cancel()
 		if err == nil {
-			return func() { s.unlockQueue(ch, q, local) }, nil
+			return pin(ctx, sess), func() { s.unlockQueue(ch, q, local) }, nil
 		}
 		_ = ch.Close()
 		switch {
@@ -366,19 +375,19 @@ func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (func(), er
 			s.log.Warn("the lock queue was being deleted as it was declared (541; the connection was closed); retrying", "queue", q)
 			if err := backoff.Sleep(ctx, 500*time.Millisecond); err != nil {
 				local.Unlock()
-				return nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
+				return nil, nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
 			}
-		case isConnectionLost(err):
+		case isConnectionLost(err) && pinnedSession(ctx) == nil:
 			// The connection closed under the declare (another call on it
 			// got a 541, say): the Conn makes it again; declare again.
 			s.log.Warn("the connection closed while declaring the lock queue; retrying", "queue", q, "err", err)
 		default:
 			local.Unlock()
-			return nil, wrapBrokerErr("taking the lock "+q, err)
+			return nil, nil, wrapBrokerErr("taking the lock "+q, err)
 		}
 		if err := pause.Wait(ctx, nil); err != nil {
 			local.Unlock()
-			return nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
+			return nil, nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
 		}
 	}
 }

@@ -25,7 +25,7 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 	if s.isClosed() {
 		return tokensem.ErrClosed
 	}
-	unlock, err := s.lock(ctx)
+	ctx, unlock, err := s.lock(ctx)
 	if err != nil {
 		return err
 	}

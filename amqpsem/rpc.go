@@ -90,3 +90,20 @@ func (c *Conn) rpc(ctx context.Context, ch *channel, fn func() error, undo func(
 		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
 	}
 }
+
+// closeLater closes ch, which requeues what it was delivered and not
+// acknowledged, without waiting for the broker's answer: a caller whose
+// ctx has ended must not wait for it. Close waits for it.
+func (c *Conn) closeLater(ch *channel) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return // the connection's close closes it
+	}
+	c.calls.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.calls.Done()
+		_ = ch.Close()
+	}()
+}

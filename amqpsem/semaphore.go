@@ -38,16 +38,17 @@ type Semaphore struct {
 	life context.Context
 	end  context.CancelFunc
 
-	orphanMu  sync.Mutex // guards orphanRun and orphanAt (see startOrphanCheck)
-	orphanRun bool       // a check is running
-	orphanAt  time.Time  // when the last check ended
-	orphanWG  sync.WaitGroup
+	orphanMu  sync.Mutex     // guards orphanRun and orphanAt (see startOrphanCheck)
+	orphanRun bool           // a check is running
+	orphanAt  time.Time      // when the last check ended
+	tasks     sync.WaitGroup // the Semaphore's goroutines: orphan checks, quarantines
 
-	mu     sync.Mutex
-	held   map[int]bool // slots this process holds
-	claims map[int]bool // claim queues known to exist
-	idle   []*pooledChannel
-	closed bool
+	mu          sync.Mutex
+	held        map[int]bool        // slots this process holds
+	missing     map[int]bool        // slots whose claim queue this process found gone (see claimSlot)
+	quarantines map[int]*quarantine // running (see startQuarantine)
+	idle        []*pooledChannel
+	closed      bool
 }
 
 // Init creates semaphore name with permits tokens, or opens it if it already
@@ -75,10 +76,19 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 // init is Init with a name and permit count already checked (or, for a
 // gate, made by the library).
 func (s *Semaphore) init(ctx context.Context, permits int) (*Semaphore, error) {
-	name := s.name
-	unlock, err := s.lock(ctx)
+	cfg, err := s.initLocked(ctx, permits)
 	if err != nil {
-		return nil, err
+		return nil, ctxErr(ctx, err)
+	}
+	s.setConfig(cfg)
+	return s, nil
+}
+
+func (s *Semaphore) initLocked(ctx context.Context, permits int) (config, error) {
+	name := s.name
+	ctx, unlock, err := s.lock(ctx)
+	if err != nil {
+		return config{}, err
 	}
 	defer unlock()
 	cfg, err := s.loadConfig(ctx)
@@ -86,33 +96,40 @@ func (s *Semaphore) init(ctx context.Context, permits int) (*Semaphore, error) {
 		cfg, err = s.migrateLocked(ctx)
 	}
 	switch {
+	case err == nil && cfg.State == stateDeleting:
+		// A delete that waited for stalled holders did not finish: finish
+		// it (its wait included) before the new life begins.
+		if err := s.finishDelete(ctx, cfg); err != nil {
+			return config{}, err
+		}
+		return s.create(ctx, permits, nil, cfg.maxFenceBase())
 	case err == nil && cfg.ready():
 		if cfg.Permits != permits {
-			return nil, &tokensem.PermitMismatchError{Name: name, Have: cfg.Permits, Want: permits}
+			return config{}, &tokensem.PermitMismatchError{Name: name, Have: cfg.Permits, Want: permits}
 		}
 		if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
-			return nil, err
+			return config{}, err
 		}
+		if err := s.checkHoldBound(cfg); err != nil {
+			return config{}, err
+		}
+		return cfg, nil
 	case err == nil: // a creation that died half-way: nobody can have opened it
-		if cfg, err = s.create(ctx, permits, &cfg); err != nil {
-			return nil, err
-		}
+		return s.create(ctx, permits, &cfg, cfg.maxFenceBase())
 	case errors.Is(err, tokensem.ErrNotInitialized):
-		if cfg, err = s.create(ctx, permits, nil); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, err
+		return s.create(ctx, permits, nil, 0)
 	}
-	s.setConfig(cfg)
-	return s, nil
+	return config{}, err
 }
 
-// Open opens an existing semaphore; only its name is needed.
+// Open opens an existing semaphore; only its name is needed. The Conn's
+// heartbeat must be at most the one the semaphore was made with (see
+// WithHeartbeat): a holder must give up its permit within the time the
+// semaphore's repairs and deletes wait for it.
 //
-// Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidOption,
-// tokensem.ErrNotInitialized, tokensem.ErrKeyMismatch, tokensem.ErrClosed,
-// or a wrapped broker error.
+// Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidOption (a heartbeat
+// too long for the semaphore among them), tokensem.ErrNotInitialized,
+// tokensem.ErrKeyMismatch, tokensem.ErrClosed, or a wrapped broker error.
 func Open(ctx context.Context, c *Conn, name string, opts ...Option) (*Semaphore, error) {
 	if err := tokensem.ValidateName(name); err != nil {
 		return nil, err
@@ -129,38 +146,78 @@ func Open(ctx context.Context, c *Conn, name string, opts ...Option) (*Semaphore
 func (s *Semaphore) open(ctx context.Context) (*Semaphore, error) {
 	cfg, err := s.readConfig(ctx)
 	if err != nil {
-		return nil, err
+		return nil, ctxErr(ctx, err)
 	}
 	if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
+		return nil, err
+	}
+	if err := s.checkHoldBound(cfg); err != nil {
 		return nil, err
 	}
 	s.setConfig(cfg)
 	return s, nil
 }
 
-func (s *Semaphore) setConfig(cfg config) { s.cfg.Set(cfg) }
-
-// configTTL is how long an acquirer trusts the configuration it read: after
-// a resize, every client admits by the new permit count within this long.
-const configTTL = 2 * time.Second
-
-// freshConfig returns the configuration, re-reading it when it is older
-// than configTTL.
-func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
-	return s.cfg.Fresh(ctx, configTTL, s.readConfig)
+// checkHoldBound refuses a Conn whose holders could believe they hold for
+// longer than the semaphore's W (see config.HoldBoundMS): a repair or a
+// delete would not wait long enough for them.
+func (s *Semaphore) checkHoldBound(cfg config) error {
+	if b := s.c.holdBound(); b > cfg.holdBound() {
+		return fmt.Errorf("%w: the connection's heartbeat %v lets a holder cut off from the broker believe it holds for %v, "+
+			"longer than the %v semaphore %s was made for: dial with WithHeartbeat(%v) or less",
+			tokensem.ErrInvalidOption, s.c.heartbeat, b, cfg.holdBound(), s.name, heartbeatFor(cfg.holdBound()))
+	}
+	return nil
 }
 
-// refreshConfig re-reads the configuration (it changes on resize).
+// ctxErr returns ctx.Err() itself once ctx has ended, else err: a call
+// that ctx cut short reports that, not the step it cut.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && err != nil {
+		return cerr
+	}
+	return err
+}
+
+// setConfig caches cfg. One this client wrote (readAt unset) is current
+// now.
+func (s *Semaphore) setConfig(cfg config) {
+	if cfg.readAt.IsZero() {
+		cfg.readAt = time.Now()
+	}
+	s.cfg.Set(cfg)
+}
+
+// configTTL is how long an acquirer trusts the configuration it read,
+// counted from when its read began: every client admits by a configuration
+// written at time t from t + configTTL on (a resize's permit count, a
+// repair's current token of a slot).
+const configTTL = 2 * time.Second
+
+// freshConfig returns the configuration, re-reading it when the read it
+// came from began configTTL ago or more.
+func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
+	if cfg := s.cfg.Get(); !cfg.readAt.IsZero() && time.Since(cfg.readAt) < configTTL {
+		return cfg, nil
+	}
+	return s.refreshConfig(ctx)
+}
+
+// refreshConfig re-reads the configuration (it changes on resize and
+// repair).
 func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 	return s.cfg.Refresh(ctx, s.readConfig)
 }
 
 // transient reports whether err is a broker failure that trying again may
 // cure: one wrapping tokensem.ErrUnavailable that does not say the
-// semaphore is gone or the credentials are refused.
+// semaphore is gone, the credentials are refused, or the lock the work
+// ran under is lost (only taking the lock again cures that: see
+// retryLocking).
 func transient(err error) bool {
 	return errors.Is(err, tokensem.ErrUnavailable) && !errors.Is(err, tokensem.ErrNotInitialized) &&
-		!errors.Is(err, tokensem.ErrClosed) && !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS)
+		!errors.Is(err, tokensem.ErrClosed) && !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS) &&
+		!errors.Is(err, errLockLost)
 }
 
 // retry runs step until it succeeds, fails for good, or ctx ends: a broker
@@ -168,6 +225,14 @@ func transient(err error) bool {
 // answers basic.get with 541 and closes the connection) is waited out.
 func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
 	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), transient,
+		func(err error) { s.log.Warn(what+": the broker failed; retrying", "err", err) }, step)
+}
+
+// retryLocking is retry for a step that takes the lock itself: a step
+// whose lock was lost is tried again too, under the lock taken again.
+func (s *Semaphore) retryLocking(ctx context.Context, what string, step func() error) error {
+	retryable := func(err error) bool { return transient(err) || errors.Is(err, errLockLost) }
+	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), retryable,
 		func(err error) { s.log.Warn(what+": the broker failed; retrying", "err", err) }, step)
 }
 
@@ -186,8 +251,8 @@ func newSemaphoreWith(c *Conn, name string, o options) *Semaphore {
 	life, end := context.WithCancel(context.Background())
 	return &Semaphore{
 		c: c, name: name, opts: o, codec: tokensem.NewCodec(o.Key),
-		log: o.Logger.With("semaphore", name), held: make(map[int]bool), claims: make(map[int]bool),
-		life: life, end: end,
+		log: o.Logger.With("semaphore", name), life: life, end: end,
+		held: make(map[int]bool), missing: make(map[int]bool), quarantines: make(map[int]*quarantine),
 	}
 }
 
@@ -195,8 +260,9 @@ func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, s.opts.RequestTimeout)
 }
 
-// lock takes the semaphore's creation lock (see lockQueue).
-func (s *Semaphore) lock(ctx context.Context) (func(), error) {
+// lock takes the semaphore's creation lock (see lockQueue): the locked
+// work runs with the returned context.
+func (s *Semaphore) lock(ctx context.Context) (context.Context, func(), error) {
 	return s.lockQueue(ctx, lockQueue(s.name), "another Init, reconcile or delete of "+s.name)
 }
 
@@ -210,10 +276,11 @@ func (s *Semaphore) config() config { return s.cfg.Get() }
 
 // Close makes later calls return tokensem.ErrClosed, wakes callers
 // blocked in Acquire (they return ErrClosed) and stops a running orphan
-// check (see WithOrphanRepair), waiting for it. Held permits stay valid until
-// released or lost. The Conn belongs to the caller and stays open.
+// check (see WithOrphanRepair) or quarantine (see claims.go), waiting for
+// them. Held permits stay valid until released or lost. The Conn belongs
+// to the caller and stays open.
 func (s *Semaphore) Close() error {
-	defer s.orphanWG.Wait() // runs last: the check ends with life
+	defer s.tasks.Wait() // runs last: they end with life
 	defer s.gates.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
