@@ -2,8 +2,6 @@ package amqpsem
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -162,20 +160,6 @@ func (c config) withReissued(index int, tok tokensem.Token, base uint64) config 
 	m[index] = reissue{ID: tok.ID, Base: base}
 	c.Reissued = m
 	return c
-}
-
-// newEpoch returns a random life identity: nonzero and below 2^53, so
-// that it survives a JSON number in any language.
-func newEpoch() uint64 {
-	for {
-		var b [8]byte
-		if _, err := crand.Read(b[:]); err != nil {
-			panic(err) // crypto/rand never fails on supported platforms
-		}
-		if e := binary.BigEndian.Uint64(b[:]) & (1<<53 - 1); e != 0 {
-			return e
-		}
-	}
 }
 
 func (c config) encode() []byte {

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
 )
 
@@ -41,7 +42,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 	if prev != nil {
 		after = max(after, prev.maxFenceBase())
 	}
-	cfg := config{Version: configVersion, Seq: 1, State: stateCreating, Permits: permits, Epoch: newEpoch(),
+	cfg := config{Version: configVersion, Seq: 1, State: stateCreating, Permits: permits, Epoch: ids.Epoch(),
 		KeyCheck: s.codec.KeyCheck(), QueueType: s.opts.queueType, Created: time.Now().UnixMilli(),
 		HoldBoundMS: bound.Milliseconds(), FenceBase: nextFenceBase(after), Issued: permits}
 	// Registered first: every semaphore that exists has an entry (see

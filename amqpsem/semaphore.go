@@ -179,13 +179,15 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// setConfig caches cfg. One this client wrote (readAt unset) is current
-// now.
+// setConfig caches cfg, dated by when its read began (one this client
+// wrote, readAt unset, is current now), unless a value whose read began
+// later is cached.
 func (s *Semaphore) setConfig(cfg config) {
-	if cfg.readAt.IsZero() {
-		cfg.readAt = time.Now()
+	at := cfg.readAt
+	if at.IsZero() {
+		at = time.Now()
 	}
-	s.cfg.Set(cfg)
+	s.cfg.SetAt(cfg, at)
 }
 
 // configTTL is how long an acquirer trusts the configuration it read,
@@ -197,10 +199,7 @@ const configTTL = 2 * time.Second
 // freshConfig returns the configuration, re-reading it when the read it
 // came from began configTTL ago or more.
 func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
-	if cfg := s.cfg.Get(); !cfg.readAt.IsZero() && time.Since(cfg.readAt) < configTTL {
-		return cfg, nil
-	}
-	return s.refreshConfig(ctx)
+	return s.cfg.Fresh(ctx, configTTL, s.readConfig)
 }
 
 // refreshConfig re-reads the configuration (it changes on resize and
