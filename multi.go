@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+
+	"github.com/tokensem/tokensem/internal/ctxerr"
 )
 
 // Weighted is a Semaphore whose callers can hold several of its permits at
@@ -52,7 +54,8 @@ type named interface {
 // are given in (by name, then by kind of broker), so no two callers of
 // AcquireAll can deadlock each holding what the other waits for. If ctx
 // ends or an acquire fails, the permits taken so far are handed back at
-// once and the error is returned. The set holds the permits in the order
+// once and the error is returned: ctx.Err() itself if ctx ended, else the
+// acquire's error prefixed with the semaphore's name. The set holds the permits in the order
 // sems were given; while it is held, every permit of it is held (the exact
 // mode of a hierarchy: a caller counts against every level for its whole
 // hold).
@@ -86,6 +89,9 @@ func acquireAll(ctx context.Context, sems []Semaphore, acquire func(Semaphore, c
 			p, err := acquire(sems[i], ctx)
 			if err != nil {
 				giveBack(held)
+				if ctxerr.Caused(ctx, err) {
+					return nil, ctx.Err()
+				}
 				return nil, fmt.Errorf("%s: %w", sems[i].(named).Name(), err)
 			}
 			held[i] = p
