@@ -89,7 +89,7 @@ func (h Host[T]) gate(ctx context.Context, stale tokensem.Semaphore) (tokensem.S
 			return nil, err
 		}
 	}
-	g, err := h.Gates.Get(ctx, h.Done, h.MakeGate)
+	g, err := h.Gates.Make(ctx, h.Done, h.MakeGate)
 	if err != nil {
 		return nil, err
 	}
