@@ -30,6 +30,13 @@ import (
 // TryAcquireN takes k permits if they are free now (and no other caller is
 // gathering), or returns ErrNoPermit at once, holding nothing.
 //
+// If ctx ends before they return, both return ctx.Err() itself (err ==
+// context.Canceled holds), wherever the call was: reading the semaphore's
+// configuration, creating or opening the gate, queued for it, or gathering.
+// AcquireN returns once it has handed back what it had gathered and the
+// gate: within about two broker round trips of ctx's end (the hand-back is
+// bounded by ReleaseTimeout).
+//
 // Both return ErrInvalidPermits for k < 1 and ErrWeightExceedsPermits for
 // k above the semaphore's permits, at once; a resize that shrinks the
 // semaphore below k while a caller waits ends the wait with
