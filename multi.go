@@ -62,10 +62,10 @@ type named interface {
 // AcquireAll can deadlock each holding what the other waits for. If ctx
 // ends or an acquire fails, the permits taken so far are handed back at
 // once and the error is returned: ctx.Err() itself if ctx ended, else the
-// acquire's error prefixed with the semaphore's name. The set holds the permits in the order
-// sems were given; while it is held, every permit of it is held (the exact
-// mode of a hierarchy: a caller counts against every level for its whole
-// hold).
+// acquire's error prefixed with the semaphore's name. The set holds the
+// permits in the order sems were given; while it is held, every permit of
+// it is held (the exact mode of a hierarchy: a caller counts against every
+// level for its whole hold).
 //
 // Every semaphore must have a Name method (natssem's and amqpsem's do) and
 // the pairs (kind of broker, name) must be distinct: the same semaphore
