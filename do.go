@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tokensem/tokensem/internal/ctxerr"
 )
 
 // ReleaseTimeout bounds the Release that Do performs after fn returns; it
@@ -111,8 +113,9 @@ func noPermitInTime(ctx context.Context, err error) bool {
 //		}))
 //
 // Errors, besides those of fn and the fallback: ErrInvalidOption (a bad
-// option), ErrNoPermit (no permit within the WithWait budget), ctx.Err(),
-// ErrClosed, ErrTooManyWaiters, ErrLeaseLost, or a broker error.
+// option), ErrNoPermit (no permit within the WithWait budget), ctx.Err()
+// itself (ctx ended before a permit came), ErrClosed, ErrTooManyWaiters,
+// ErrLeaseLost, or a broker error.
 func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error, opts ...DoOption) error {
 	o, err := newDoOptions(opts)
 	if err != nil {
@@ -120,6 +123,7 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error, op
 	}
 	p, err := o.acquire(ctx, s)
 	if err != nil {
+		err = ctxerr.Ended(ctx, err)
 		if o.fallback != nil && noPermitInTime(ctx, err) {
 			return o.fallback(ctx, err)
 		}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+
+	"github.com/tokensem/tokensem/internal/ctxerr"
 )
 
 // Weighted is a Semaphore whose callers can hold several of its permits at
@@ -27,6 +29,13 @@ import (
 //
 // TryAcquireN takes k permits if they are free now (and no other caller is
 // gathering), or returns ErrNoPermit at once, holding nothing.
+//
+// If ctx ends before they return, both return ctx.Err() itself (err ==
+// context.Canceled holds), wherever the call was: reading the semaphore's
+// configuration, creating or opening the gate, queued for it, or gathering.
+// AcquireN returns once it has handed back what it had gathered and the
+// gate: within about two broker round trips of ctx's end (the hand-back is
+// bounded by ReleaseTimeout).
 //
 // Both return ErrInvalidPermits for k < 1 and ErrWeightExceedsPermits for
 // k above the semaphore's permits, at once; a resize that shrinks the
@@ -52,10 +61,11 @@ type named interface {
 // are given in (by name, then by kind of broker), so no two callers of
 // AcquireAll can deadlock each holding what the other waits for. If ctx
 // ends or an acquire fails, the permits taken so far are handed back at
-// once and the error is returned. The set holds the permits in the order
-// sems were given; while it is held, every permit of it is held (the exact
-// mode of a hierarchy: a caller counts against every level for its whole
-// hold).
+// once and the error is returned: ctx.Err() itself if ctx ended, else the
+// acquire's error prefixed with the semaphore's name. The set holds the
+// permits in the order sems were given; while it is held, every permit of
+// it is held (the exact mode of a hierarchy: a caller counts against every
+// level for its whole hold).
 //
 // Every semaphore must have a Name method (natssem's and amqpsem's do) and
 // the pairs (kind of broker, name) must be distinct: the same semaphore
@@ -86,6 +96,9 @@ func acquireAll(ctx context.Context, sems []Semaphore, acquire func(Semaphore, c
 			p, err := acquire(sems[i], ctx)
 			if err != nil {
 				giveBack(held)
+				if ctxerr.Caused(ctx, err) {
+					return nil, ctx.Err()
+				}
 				return nil, fmt.Errorf("%s: %w", sems[i].(named).Name(), err)
 			}
 			held[i] = p

@@ -11,10 +11,14 @@ import (
 // semaphore shares its permits.
 type Semaphore interface {
 	// Acquire blocks until a permit is held or ctx ends. Waiters are served
-	// in the order they started waiting. On failure it returns ctx.Err() (or
-	// a broker error) and leaves the semaphore unchanged: no permit is taken
-	// and no token is stranded. If ctx is already done, Acquire returns
-	// ctx.Err() without contacting the broker.
+	// in the order they started waiting. If ctx ends first, Acquire returns
+	// ctx.Err() itself (err == context.Canceled holds, as with x/sync's
+	// semaphore), promptly: the broker calls under way are abandoned, not
+	// awaited, so it returns within about a broker round trip of ctx's end
+	// (each round trip bounded by the request timeout). On any failure it
+	// leaves the semaphore unchanged: no permit is taken and no token is
+	// stranded. If ctx is already done, Acquire returns ctx.Err() without
+	// contacting the broker.
 	Acquire(ctx context.Context) (Permit, error)
 	// TryAcquire takes a permit if one is free now and returns ErrNoPermit
 	// at once otherwise. ctx bounds the broker round trips.

@@ -51,6 +51,7 @@ func Run(t *testing.T, b Backend) {
 		{"WeightedGateRepaired", testWeightedGateRepaired},
 		{"WeightedAfterDelete", testWeightedAfterDelete},
 		{"AcquireAll", testAcquireAll},
+		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tokensem/tokensem"
 )
@@ -16,14 +17,105 @@ type Gate[T tokensem.Semaphore] struct {
 	g      T
 	have   bool
 	closed bool
+	making *making[T]     // the creation under way (see Make), if any
+	wg     sync.WaitGroup // its goroutine
 }
 
-// Get returns the gate, making it with make when there is none yet. make
+// making is one creation of the gate, shared by the callers that wait for
+// it; done closes when g and err are set.
+type making[T tokensem.Semaphore] struct {
+	done chan struct{}
+	g    T
+	err  error
+}
+
+// makeTimeout bounds a creation of the gate, which goes on after the
+// callers that waited for it have given up.
+const makeTimeout = time.Minute
+
+// Make returns the gate, making it with mk when there is none yet. The
+// creation is not the caller's: it runs in the background, shared by every
+// caller that waits for it, on a context of its own that ends after
+// makeTimeout or when done closes (the semaphore's Close), and a caller
+// whose ctx ends stops waiting (ctx.Err()) while it goes on. A creation
+// cut short would leave the gate half made for every other client (a
+// NATS seeding that others wait out for seedStallTimeout, a RabbitMQ
+// creation lock held by the caller's connection). mk must be idempotent
+// (Init is): another process may make the gate at the same time.
+func (c *Gate[T]) Make(ctx context.Context, done <-chan struct{}, mk func(context.Context) (T, error)) (T, error) {
+	var zero T
+	c.mu.Lock()
+	switch {
+	case c.have:
+		g := c.g
+		c.mu.Unlock()
+		return g, nil
+	case c.closed:
+		c.mu.Unlock()
+		return zero, tokensem.ErrClosed
+	}
+	m := c.making
+	if m == nil {
+		m = &making[T]{done: make(chan struct{})}
+		c.making = m
+		c.wg.Add(1)
+		go c.make(context.WithoutCancel(ctx), m, done, mk)
+	}
+	c.mu.Unlock()
+	select {
+	case <-m.done:
+		return m.g, m.err
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+// make runs mk for m and keeps the gate it makes.
+func (c *Gate[T]) make(ctx context.Context, m *making[T], done <-chan struct{}, mk func(context.Context) (T, error)) {
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(ctx, makeTimeout)
+	defer cancel()
+	go func() { // ends with ctx, at the latest when make returns
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	g, err := mk(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer close(m.done)
+	c.making = nil
+	switch {
+	case err != nil && isClosed(done):
+		m.err = tokensem.ErrClosed
+	case err != nil:
+		m.err = err
+	case c.closed:
+		_ = g.Close()
+		m.err = tokensem.ErrClosed
+	default:
+		c.g, c.have = g, true
+		m.g = g
+	}
+}
+
+func isClosed(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Get returns the gate, opening it with open when there is none yet. open
 // runs without the lock, on a ctx that also ends when done closes (the
 // semaphore's Close), so that neither Close nor other callers wait on a
-// broker for it. Two callers may make it at once: make must be idempotent
-// (Init and Open are), and the first gate kept wins.
-func (c *Gate[T]) Get(ctx context.Context, done <-chan struct{}, make func(context.Context) (T, error)) (T, error) {
+// broker for it. Two callers may open it at once: open must be idempotent
+// (Open is), and the first gate kept wins.
+func (c *Gate[T]) Get(ctx context.Context, done <-chan struct{}, open func(context.Context) (T, error)) (T, error) {
 	var zero T
 	c.mu.Lock()
 	g, have, closed := c.g, c.have, c.closed
@@ -43,14 +135,12 @@ func (c *Gate[T]) Get(ctx context.Context, done <-chan struct{}, make func(conte
 		case <-mctx.Done():
 		}
 	}()
-	g, err := make(mctx)
+	g, err := open(mctx)
 	if err != nil {
-		select {
-		case <-done:
+		if isClosed(done) {
 			return zero, tokensem.ErrClosed
-		default:
-			return zero, err
 		}
+		return zero, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -77,17 +167,19 @@ func (c *Gate[T]) Forget(stale tokensem.Semaphore) {
 	}
 }
 
-// Close closes the gate, if one is held, and makes later Gets return
-// tokensem.ErrClosed.
+// Close closes the gate, if one is held, makes later calls return
+// tokensem.ErrClosed, and waits for a creation under way (see Make) to end:
+// close the done channel given to Make first, which cuts it short.
 func (c *Gate[T]) Close() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.closed = true
 	if c.have {
 		_ = c.g.Close()
 		var zero T
 		c.g, c.have = zero, false
 	}
+	c.mu.Unlock()
+	c.wg.Wait()
 }
 
 // DeleteWithGate deletes semaphore name with del (force: ForceDelete), then

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/ctxerr"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -88,7 +89,7 @@ func (h Host[T]) gate(ctx context.Context, stale tokensem.Semaphore) (tokensem.S
 			return nil, err
 		}
 	}
-	g, err := h.Gates.Get(ctx, h.Done, h.MakeGate)
+	g, err := h.Gates.Make(ctx, h.Done, h.MakeGate)
 	if err != nil {
 		return nil, err
 	}
@@ -108,17 +109,25 @@ func (h Host[T]) GateInventory(ctx context.Context) (reconciler.Inventory, error
 	return h.Inventory(g), nil
 }
 
-// Acquire gathers k permits, waiting until ctx ends.
+// Acquire gathers k permits, waiting until ctx ends; then it returns
+// ctx.Err() itself.
 func (h Host[T]) Acquire(ctx context.Context, k int) (*tokensem.PermitSet, error) {
-	return h.take(ctx, k, false)
+	set, err := h.take(ctx, k, false)
+	return set, ctxerr.Ended(ctx, err)
 }
 
-// TryAcquire takes k free permits now, or none.
+// TryAcquire takes k free permits now, or none. If ctx ends first, it
+// returns ctx.Err() itself.
 func (h Host[T]) TryAcquire(ctx context.Context, k int) (*tokensem.PermitSet, error) {
-	return h.take(ctx, k, true)
+	set, err := h.take(ctx, k, true)
+	return set, ctxerr.Ended(ctx, err)
 }
 
-// take is Acquire (try false) or TryAcquire.
+// take is Acquire (try false) or TryAcquire. Every broker call it makes
+// runs under ctx (the configuration read of check, the gate's creation, the
+// gate's acquire, the gathering), so when ctx ends any of them may return
+// what ctx's end made of it, wrapped by the backend: the callers turn that
+// into ctx.Err() (ctxerr.Ended) on the way out.
 func (h Host[T]) take(ctx context.Context, k int, try bool) (*tokensem.PermitSet, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
