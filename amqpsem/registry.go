@@ -356,10 +356,25 @@ func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (context.Co
 		err = s.c.rpc(rctx, ch, func() error {
 			_, err := ch.QueueDeclare(q, false, false, true, false, nil)
 			return err
-		}, nil)
+		}, func() {
+			// The caller gave up before the broker answered: if the
+			// declare landed, the lock is this connection's with nobody to
+			// free it, and other connections would wait for it as long as
+			// this one lives. (A delete of a queue another connection holds
+			// exclusively is refused, and deletes nothing.)
+			_, _ = ch.QueueDelete(q, false, false, false)
+			local.Unlock()
+		})
 		cancel()
 		if err == nil {
 			return pin(ctx, sess), func() { s.unlockQueue(ch, q, local) }, nil
+		}
+		if ch.abandoned.Load() {
+			// The undo above frees the queue and then local.
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, nil, cerr
+			}
+			return nil, nil, wrapBrokerErr("taking the lock "+q, err)
 		}
 		_ = ch.Close()
 		switch {

@@ -498,3 +498,63 @@ func TestCancelledWaitReturnsCtxErr(t *testing.T) {
 	t.Logf("%d calls: %d with a wrong error, %d late; worst %v after the deadline (a bare context wait woke up to %v late)",
 		calls, wrong, late, worst.Round(time.Millisecond), time.Duration(bare.Load()).Round(time.Millisecond))
 }
+
+// TestAbandonedInitLeavesNoLock: an Init whose ctx ends while its
+// declare of the creation lock (an exclusive queue) is on its way must not
+// leave the lock held by its connection once the declare lands: every
+// other connection's Init, Resize, reconcile and Delete of the name would
+// wait for it as long as that connection lives. Deadlines from 0 to 11 ms
+// put the end of ctx at every step of an Init; after each, the lock queue
+// must be gone within a moment, as another connection sees it.
+func TestAbandonedInitLeavesNoLock(t *testing.T) {
+	c := dial(t, broker.Addr, 0)
+	conn, err := amqp.Dial(broker.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	// lockState tells the lock queue of n apart: absent, or held by another
+	// connection (405 on a passive declare).
+	locked := func(n string) bool {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ch.QueueDeclarePassive("tokensem."+n+".lock", false, false, true, false, nil)
+		var ae *amqp.Error
+		switch {
+		case err == nil:
+			_ = ch.Close()
+			t.Fatalf("the lock queue of %s is open to any connection", n)
+		case errors.As(err, &ae) && ae.Code == amqp.ResourceLocked:
+			return true
+		case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+			return false
+		}
+		t.Fatal(err)
+		return false
+	}
+	base := name(t)
+	leaked := 0
+	for i := range 12 {
+		n := fmt.Sprintf("%s-%d", base, i)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Duration(i)*time.Millisecond)
+		s, err := amqpsem.Init(ctx, c, n, 1)
+		cancel()
+		if err == nil {
+			_ = s.Close()
+		}
+		t.Cleanup(func() { _ = amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, n) })
+		deadline := time.Now().Add(2 * time.Second)
+		for locked(n) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if locked(n) {
+			leaked++
+			t.Errorf("Init with a %d ms deadline (%v) left the lock of %s held by its connection", i, err, n)
+		}
+	}
+	if leaked > 0 {
+		t.Logf("%d of 12 abandoned Inits left the lock held", leaked)
+	}
+}
