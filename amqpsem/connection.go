@@ -303,46 +303,19 @@ func (c *Conn) openChannel(ctx context.Context, s *session) (*amqp.Channel, erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil, tokensem.ErrClosed
-	}
-	c.calls.Add(1)
-	c.mu.Unlock()
-	type opened struct {
-		ch  *amqp.Channel
-		err error
-	}
-	const (
-		running = iota
-		returned
-		abandoned
-	)
-	var state atomic.Int32
-	result := make(chan opened, 1)
-	go func() {
-		defer c.calls.Done()
-		ch, err := s.conn.Channel()
-		if state.CompareAndSwap(running, returned) {
-			result <- opened{ch, err}
-			return
-		}
+	ch, err, done := detach(ctx, c, s.conn.Channel, func(ch *amqp.Channel, _ error) {
 		if ch != nil {
 			_ = ch.Close() // its caller gave up
 		}
-	}()
-	select {
-	case r := <-result:
-		return r.ch, r.err
-	case <-ctx.Done():
-		if !state.CompareAndSwap(running, abandoned) { // opened as ctx ended
-			if r := <-result; r.ch != nil {
-				c.closeLater(&channel{Channel: r.ch})
-			}
-		}
+	})
+	switch {
+	case !done:
+		return nil, ctx.Err()
+	case err == nil && ctx.Err() != nil: // opened as ctx ended
+		c.closeLater(&channel{Channel: ch})
 		return nil, ctx.Err()
 	}
+	return ch, err
 }
 
 // errLockLost fails work done under a lock (see Semaphore.lockQueue) once

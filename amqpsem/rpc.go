@@ -53,41 +53,61 @@ func (c *Conn) rpc(ctx context.Context, ch *channel, fn func() error, undo func(
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", errAborted, err)
 	}
+	_, err, done := detach(ctx, c, func() (struct{}, error) { return struct{}{}, fn() }, func(struct{}, error) {
+		if undo != nil {
+			undo()
+		}
+		_ = ch.Channel.Close()
+	})
+	if !done {
+		ch.abandoned.Store(true)
+		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
+	}
+	return err
+}
+
+// detach runs call, which ctx cannot interrupt (an amqp091 call), in a
+// goroutine the Conn waits for at Close, and returns its result, or done
+// false at once if ctx ends first: call then runs on, and after it returns
+// abandoned gets its result (to undo or close what it made). A result that
+// comes as ctx ends is returned (done true): the caller keeps what it did.
+func detach[T any](ctx context.Context, c *Conn, call func() (T, error), abandoned func(T, error)) (v T, err error, done bool) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return tokensem.ErrClosed
+		return v, tokensem.ErrClosed, true
 	}
 	c.calls.Add(1)
 	c.mu.Unlock()
 	const (
 		running = iota
 		returned
-		abandoned
+		gaveUp
 	)
 	var state atomic.Int32
-	result := make(chan error, 1)
+	type result struct {
+		v   T
+		err error
+	}
+	results := make(chan result, 1)
 	go func() {
 		defer c.calls.Done()
-		err := fn()
+		v, err := call()
 		if state.CompareAndSwap(running, returned) {
-			result <- err
+			results <- result{v, err}
 			return
 		}
-		if undo != nil {
-			undo()
-		}
-		_ = ch.Channel.Close()
+		abandoned(v, err)
 	}()
 	select {
-	case err := <-result:
-		return err
+	case r := <-results:
+		return r.v, r.err, true
 	case <-ctx.Done():
-		if !state.CompareAndSwap(running, abandoned) {
-			return <-result // fn returned as ctx ended: keep what it did
+		if !state.CompareAndSwap(running, gaveUp) {
+			r := <-results // call returned as ctx ended
+			return r.v, r.err, true
 		}
-		ch.abandoned.Store(true)
-		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
+		return v, nil, false
 	}
 }
 
