@@ -23,6 +23,20 @@
 // as soon as its connection drops (RabbitMQ); a released permit goes to the
 // longest-waiting caller by push, without polling.
 //
+// Seams: all of the above across a semaphore's lives (a Delete, then an
+// Init of the same name with another count or lease, while handles of the
+// old life stay open), across the copies of a token a repair issues, and
+// across resizes. Each life has an epoch of its own that its tokens carry,
+// and a token is admitted only by its own life's configuration; a slot's
+// fence never goes back for a name (each backend's doc says which clock
+// that assumes); and a copy of a token is made only after every holder that
+// could still believe it holds has been told, or has passed the bound after
+// which it tells itself.
+//
+// Cancellation: a wait that ends because its ctx ended (Acquire, AcquireN,
+// TryAcquireN, AcquireAll, Do) returns ctx.Err() itself, so callers may
+// compare it with ==, and changes nothing.
+//
 // # Use
 //
 //	sem, err := natssem.Open(ctx, nc, "gpu-pool")
