@@ -424,7 +424,13 @@ func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, con
 // deleted too.
 func (s *Semaphore) discard(ctx context.Context, m *nats.Msg, seq uint64, why error) {
 	s.log.Warn("removing an invalid token message", "seq", seq, "reason", why)
-	if err := s.nc.Publish(m.Reply, ackAck); err != nil {
+	// Acked with a reply (a double ack), so that the message is gone when
+	// discard returns: a Status read after the caller's Acquire or
+	// TryAcquire does not still count it.
+	rctx, cancel := s.rtt(ctx)
+	_, err := s.nc.RequestWithContext(rctx, m.Reply, ackAck)
+	cancel()
+	if err != nil {
 		s.log.Warn("could not remove an invalid token message", "seq", seq, "err", err)
 	}
 	if s.lay.grouped() {
