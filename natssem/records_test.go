@@ -11,6 +11,41 @@ import (
 	"github.com/tokensem/tokensem/natssem"
 )
 
+// TestInvalidSlotRecords: slot records a client does not write (100 kB of
+// garbage, an epoch past 2^53) count as free and are named by Status; a
+// record under a slot key far past any permit count ("slot.2000000000")
+// is no slot at all. ForceDelete touches only the slots that exist: it
+// does not walk the two billion slots below that key.
+func TestInvalidSlotRecords(t *testing.T) {
+	const name = "bad-slots"
+	s := initNATS(t, name, 2, natssem.WithLease(2*time.Second))
+	put := func(key string, value []byte) {
+		replaceRecord(t, srv.Addr().String(), natssem.BucketName(name), key, func([]byte) []byte { return value })
+	}
+	put("slot.0", []byte(strings.Repeat("\x00garbage\xff", 10<<10)))
+	put("slot.1", []byte(`{"e":1152921504606846976,"h":"forged","seq":1}`))
+	put("slot.2000000000", []byte(`{"h":"forged","seq":1}`))
+
+	st, err := s.Status(semtest.Context(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "slots [0 1] are invalid") || len(st.Warnings[0]) > 512 {
+		t.Errorf("status warnings %q, want one naming slots [0 1] as invalid", st.Warnings)
+	}
+	for range 2 {
+		if _, err := s.TryAcquire(semtest.Context(t, 10*time.Second)); err != nil {
+			t.Fatalf("TryAcquire with invalid slot records: %v (they count as free)", err)
+		}
+	}
+
+	start := time.Now()
+	if err := natssem.ForceDelete(semtest.Context(t, 20*time.Second), connect(t, srv.Addr().String()), name); err != nil {
+		t.Fatalf("force delete: %v", err)
+	}
+	t.Logf("force delete took %v", time.Since(start).Round(time.Millisecond))
+}
+
 // TestOversizedLockRecord: an admin lock record larger than any client
 // writes (100 kB naming a holder) is nobody's lock: a resize takes the
 // lock at once instead of waiting for it to expire.
