@@ -43,9 +43,13 @@ import (
 // first AcquireN races the delete may make the gate again after it; the
 // next Init of the name uses it, the next Delete removes it.
 //
+// A semaphore whose configuration is invalid (see the package doc) is
+// refused with an error wrapping tokensem.ErrInvalidRecord: Delete cannot
+// tell its holders by it. ForceDelete removes it.
+//
 // Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
-// that name exists), tokensem.ErrHeld, ctx.Err(), or a wrapped broker
-// error.
+// that name exists), tokensem.ErrHeld, tokensem.ErrInvalidRecord,
+// ctx.Err(), or a wrapped broker error.
 func Delete(ctx context.Context, c *Conn, name string) error {
 	return deleteSemaphore(ctx, c, name, false)
 }
@@ -55,7 +59,9 @@ func Delete(ctx context.Context, c *Conn, name string) error {
 // their permits (Done closes with an error wrapping tokensem.ErrLeaseLost)
 // and waiters in Acquire return tokensem.ErrNotInitialized. With a permit
 // held it always waits as Delete describes, so it returns only once every
-// holder has been told or has passed W.
+// holder has been told or has passed W. It removes a semaphore whose
+// configuration is invalid too (see the package doc), always waiting W and
+// a third then.
 func ForceDelete(ctx context.Context, c *Conn, name string) error {
 	return deleteSemaphore(ctx, c, name, true)
 }

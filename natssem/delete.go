@@ -63,9 +63,13 @@ import (
 //
 // Of a key of a group, pass WithGroup; other options are ignored.
 //
+// A semaphore whose configuration is invalid (see the package doc) is
+// refused with an error wrapping tokensem.ErrInvalidRecord: Delete cannot
+// tell its holders by it. ForceDelete removes it.
+//
 // Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidOption,
 // tokensem.ErrNotInitialized (nothing of that name exists),
-// tokensem.ErrHeld, or a wrapped broker error.
+// tokensem.ErrHeld, tokensem.ErrInvalidRecord, or a wrapped broker error.
 func Delete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) error {
 	return deleteSemaphore(ctx, nc, name, false, opts)
 }
@@ -76,7 +80,9 @@ func Delete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) err
 // ForceDelete returns only a lease after it closed their slots (by the
 // server's clock): give it a context that outlasts the lease. If ctx ends
 // first, the semaphore is put back and its holders keep their slots.
-// Waiters in Acquire return tokensem.ErrNotInitialized.
+// Waiters in Acquire return tokensem.ErrNotInitialized. It removes a
+// semaphore whose configuration is invalid too, taking the lease of its
+// holders from the token consumer (see the package doc).
 func ForceDelete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) error {
 	return deleteSemaphore(ctx, nc, name, true, opts)
 }
