@@ -174,6 +174,8 @@
 //     not written as a plain number, is no slot.
 //   - the admin lock's record: at most 4 KiB, names of a client's length;
 //     anything else is no client's lock, and free.
+//   - a group's generation record: the 32-hex id a bump writes; anything
+//     else vouches for no configuration (each key reads its own).
 //
 // # Groups
 //
