@@ -46,6 +46,13 @@ var (
 	// ErrForgedToken is returned by Codec.Decode when a signing key is set and
 	// the token's signature is missing or wrong.
 	ErrForgedToken = errors.New("tokensem: forged or unsigned token")
+	// ErrInvalidRecord is wrapped by every error about a record a backend
+	// stored and read back malformed, too large or out of bounds: a
+	// semaphore's configuration (Open, Init, Status and the rest fail for
+	// that semaphore alone; ForceDelete removes it), and the records a
+	// backend reads beside it. The error quotes at most a few dozen bytes
+	// of the record. Each backend's doc.go lists what it checks.
+	ErrInvalidRecord = errors.New("tokensem: invalid stored record")
 	// ErrKeyMismatch is returned by Init and Open when the signing key given
 	// (or its absence) does not match the one the semaphore was created with.
 	ErrKeyMismatch = errors.New("tokensem: signing key mismatch")

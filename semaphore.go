@@ -105,8 +105,14 @@ type Info struct {
 	// State is "ready", or "creating" for a semaphore whose Init has not
 	// finished (or died half-way; the next Init starts it over), or on
 	// RabbitMQ "legacy" for one in an older amqpsem's layout (its first
-	// Open or Init moves it to the current one).
+	// Open or Init moves it to the current one), or "deleting", or
+	// "invalid" for one whose configuration cannot be read (see
+	// ErrInvalidRecord; Permits and Lease are then 0, and ForceDelete
+	// removes it).
 	State string `json:"state"`
+	// Warning says, for a State "invalid", what is wrong with the
+	// configuration (clipped: it quotes a few dozen bytes at most).
+	Warning string `json:"warning,omitempty"`
 }
 
 // Holder describes one held permit in a Status. Owner and Since are empty

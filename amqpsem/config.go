@@ -14,6 +14,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/internal/stored"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -170,12 +171,99 @@ func (c config) encode() []byte {
 	return b
 }
 
+// A stored configuration is a few hundred bytes, and each slot a repair
+// reissued adds at most reissueSize (its index, token id and fence base:
+// about 75). A record larger than maxConfigSize (room for about 13,000
+// reissued slots) is refused unparsed, and never written (checkSize); one
+// larger than configSize allows for the slots it names is refused once
+// parsed.
+const (
+	maxConfigSize  = 1 << 20
+	baseConfigSize = 4 << 10
+	reissueSize    = 96
+)
+
+// configSize is the most bytes a configuration naming reissued slots may
+// take.
+func configSize(reissued int) int { return baseConfigSize + reissueSize*reissued }
+
+// maxHoldBound is the largest W a configuration may store: the bound of the
+// longest heartbeat AMQP can negotiate (a 16-bit count of seconds).
+var maxHoldBound = holdBoundOf(65535 * time.Second)
+
+// decodeConfig parses and checks a stored configuration of semaphore name
+// (see the package doc, "What is read is checked"). Errors wrap
+// tokensem.ErrInvalidRecord.
 func decodeConfig(name string, b []byte) (config, error) {
 	var c config
-	if err := json.Unmarshal(b, &c); err != nil || c.Version != configVersion || c.Permits <= 0 {
-		return config{}, fmt.Errorf("amqpsem: corrupt configuration of %s: %q", name, b)
+	err := stored.Decode(b, maxConfigSize, &c)
+	switch {
+	case err != nil:
+	case len(b) > configSize(len(c.Reissued)):
+		err = stored.Invalid("%d bytes, more than the %d a configuration of %d reissued slots may have: %s",
+			len(b), configSize(len(c.Reissued)), len(c.Reissued), stored.Clip(b))
+	default:
+		if err = c.check(); err != nil {
+			err = fmt.Errorf("%w: %s", err, stored.Clip(b))
+		}
+	}
+	if err != nil {
+		return config{}, invalidConfig(name, err)
 	}
 	return c, nil
+}
+
+// invalidConfig says that semaphore name's configuration is invalid (err
+// wraps tokensem.ErrInvalidRecord), and what removes it.
+func invalidConfig(name string, err error) error {
+	return fmt.Errorf("amqpsem: the configuration of %s cannot be used (ForceDelete, or seminit delete --force, removes the semaphore): %w", name, err)
+}
+
+// check checks the fields of a configuration read back.
+func (c config) check() error {
+	const maxBase = 1 << 63 // a fence is a base plus a count of deliveries
+	switch {
+	case c.Version != configVersion:
+		return stored.Invalid("version %d (this client reads %d)", c.Version, configVersion)
+	case c.Seq < 0:
+		return stored.Invalid("sequence %d", c.Seq)
+	case c.State != "" && c.State != stateCreating && c.State != stateReady && c.State != stateDeleting:
+		return stored.Invalid("state %s", stored.Clip([]byte(c.State)))
+	case c.Permits <= 0 || c.Permits > tokensem.MaxPermits:
+		return stored.Invalid("permits %d outside 1..%d", c.Permits, tokensem.MaxPermits)
+	case c.Epoch == 0 || c.Epoch >= ids.MaxEpoch:
+		return stored.Invalid("epoch %d outside 1..2^53-1", c.Epoch)
+	case c.QueueType != "" && c.QueueType != Quorum && c.QueueType != Classic:
+		return stored.Invalid("queue type %s", stored.Clip([]byte(c.QueueType)))
+	case c.HoldBoundMS < 0 || c.HoldBoundMS > maxHoldBound.Milliseconds():
+		return stored.Invalid("hold bound %d ms outside 0..%d", c.HoldBoundMS, maxHoldBound.Milliseconds())
+	case c.FenceBase >= maxBase:
+		return stored.Invalid("fence base %d, not below 2^63", c.FenceBase)
+	case c.Issued < 0 || c.Issued > tokensem.MaxPermits:
+		return stored.Invalid("issued %d outside 0..%d", c.Issued, tokensem.MaxPermits)
+	}
+	for i, r := range c.Reissued {
+		switch {
+		case i < 0 || i >= tokensem.MaxPermits:
+			return stored.Invalid("reissued slot %d outside 0..%d", i, tokensem.MaxPermits-1)
+		case !ids.Valid(r.ID):
+			return stored.Invalid("reissued slot %d: token id %s is not 32 hex digits", i, stored.Clip([]byte(r.ID)))
+		case r.Base == 0 || r.Base >= maxBase:
+			return stored.Invalid("reissued slot %d: fence base %d outside 1..2^63-1", i, r.Base)
+		}
+	}
+	return stored.Len("key_check", c.KeyCheck, 64)
+}
+
+// checkSize refuses to store a configuration its readers would refuse as
+// too large (maxConfigSize): a repair that would reissue more slots than
+// fit fails instead.
+func (c config) checkSize(name string) error {
+	if n := len(c.encode()); n > maxConfigSize {
+		return fmt.Errorf("%w: amqpsem: the configuration of %s would take %d bytes (%d reissued slots), more than the %d its readers accept",
+			tokensem.ErrInvalidRecord, name, n, len(c.Reissued), maxConfigSize)
+	}
+	return nil
 }
 
 // configQueueArgs are the arguments of the configuration queue: a quorum
@@ -389,6 +477,9 @@ func isHomeNodeDown(err error) bool {
 // createConfig publishes the first configuration (State creating) into a
 // new configuration queue, under the creation lock.
 func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string) error {
+	if err := cfg.checkSize(s.name); err != nil {
+		return err
+	}
 	ch, err := s.c.confirmChannel(ctx)
 	if err != nil {
 		return err
@@ -417,6 +508,9 @@ func configMessage(cfg config) amqp.Publishing {
 // creation lock: it takes the current message and, in one transaction,
 // publishes next and acknowledges the old one.
 func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
+	if err := next.checkSize(s.name); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.configRetry())
 	defer cancel()
 	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}

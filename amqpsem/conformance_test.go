@@ -129,6 +129,40 @@ func amqpBackend() semtest.Backend {
 			defer c.Close()
 			return amqpsem.List(semtest.Context(t, time.Minute), c)
 		},
+		ReplaceConfig: replaceConfig,
+	}
+}
+
+// replaceConfig replaces the one message of semaphore name's
+// configuration queue with edit of it, as a client allowed to read and
+// write that queue could.
+func replaceConfig(t testing.TB, name string, edit func([]byte) []byte) {
+	t.Helper()
+	conn, err := amqp.Dial(broker.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := "tokensem." + name + ".cfg"
+	d, ok, err := ch.Get(q, false)
+	if err != nil || !ok {
+		t.Fatalf("take the configuration of %s: %v (found %v)", name, err, ok)
+	}
+	if err := ch.Tx(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.PublishWithContext(t.Context(), "", q, true, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: edit(d.Body)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.TxCommit(); err != nil {
+		t.Fatalf("replace the configuration of %s: %v", name, err)
 	}
 }
 

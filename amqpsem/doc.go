@@ -168,6 +168,36 @@
 // connection: once it is lost, the work fails (and a retry takes the lock
 // again) instead of going on, unlocked, over the next connection.
 //
+// # What is read is checked
+//
+// Anyone who can write a semaphore's configuration queue or the registry
+// can write any message, at any size, so each is bounded and checked as it
+// is read, and errors quote at most 32 bytes of it:
+//   - the configuration: at most 1 MiB (larger is refused unparsed), and at
+//     most 4 KiB plus 96 bytes per reissued slot it names (room for about
+//     13,000; a repair that would write more fails instead); version 1; a
+//     known state and queue type; permits 1..tokensem.MaxPermits; epoch
+//     1..2^53-1; W at most the bound of the longest heartbeat AMQP can
+//     negotiate (65,535 s); issued slots at most tokensem.MaxPermits; fence
+//     bases below 2^63; and each reissued slot below tokensem.MaxPermits,
+//     with a 32-hex token id and a base above 0. A bad one fails that
+//     semaphore alone, at the cost of receiving it: Open, Init, Status,
+//     Acquire, Resize and Delete return an error wrapping
+//     tokensem.ErrInvalidRecord that names ForceDelete; List lists it with
+//     State "invalid" and the reason in Info.Warning. Init refuses rather
+//     than start a life over it, because it cannot tell who may still hold
+//     a permit of the unreadable one, nor their W. ForceDelete removes it:
+//     it writes a "deleting" configuration in its place whose slots are
+//     those that have a claim queue (looked for from slot 0 on, until 64 in
+//     a row are missing) or a ready token, and whose W is the longer of its
+//     own Conn's and DefaultHeartbeat's, and removes the semaphore as it
+//     removes any other (its holders are told by their claim queues'
+//     deletion). A holder whose claim queue lies past such a gap (possible
+//     only after the node that made the claim queues was lost) is not told;
+//     its fence still tells it apart. Delete refuses it.
+//   - registry entries: at most 256 bytes, JSON naming a valid name; List
+//     drops any other at once.
+//
 // # Cancellation
 //
 // Acquire and TryAcquire (and so tokensem.Do) return ctx.Err() itself once

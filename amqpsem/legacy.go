@@ -85,6 +85,8 @@ func (s *Semaphore) readLegacyConfig(ctx context.Context) (config, error) {
 		}, nil)
 		_ = ch.Close() // requeues every copy taken
 		switch {
+		case errors.Is(err, tokensem.ErrInvalidRecord):
+			return config{}, err
 		case err != nil && isHomeNodeDown(err):
 			return config{}, wrapBrokerErr("the configuration of "+s.name, err)
 		case err != nil && isCode(err, amqp.NotFound):

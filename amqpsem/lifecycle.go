@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
 )
 
@@ -42,9 +43,13 @@ import (
 // first AcquireN races the delete may make the gate again after it; the
 // next Init of the name uses it, the next Delete removes it.
 //
+// A semaphore whose configuration is invalid (see the package doc) is
+// refused with an error wrapping tokensem.ErrInvalidRecord: Delete cannot
+// tell its holders by it. ForceDelete removes it.
+//
 // Errors: tokensem.ErrInvalidName, tokensem.ErrNotInitialized (nothing of
-// that name exists), tokensem.ErrHeld, ctx.Err(), or a wrapped broker
-// error.
+// that name exists), tokensem.ErrHeld, tokensem.ErrInvalidRecord,
+// ctx.Err(), or a wrapped broker error.
 func Delete(ctx context.Context, c *Conn, name string) error {
 	return deleteSemaphore(ctx, c, name, false)
 }
@@ -54,7 +59,9 @@ func Delete(ctx context.Context, c *Conn, name string) error {
 // their permits (Done closes with an error wrapping tokensem.ErrLeaseLost)
 // and waiters in Acquire return tokensem.ErrNotInitialized. With a permit
 // held it always waits as Delete describes, so it returns only once every
-// holder has been told or has passed W.
+// holder has been told or has passed W. It removes a semaphore whose
+// configuration is invalid too (see the package doc), always waiting W and
+// a third then.
 func ForceDelete(ctx context.Context, c *Conn, name string) error {
 	return deleteSemaphore(ctx, c, name, true)
 }
@@ -101,6 +108,17 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 			return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 		}
 		return nil
+	case errors.Is(err, tokensem.ErrInvalidRecord) && force:
+		*removed = true
+		if cfg, err = s.markInvalidDeleting(ctx); err != nil {
+			return err
+		}
+		if err := s.finishDelete(ctx, cfg); err != nil {
+			return err
+		}
+		return s.unregister(ctx)
+	case errors.Is(err, tokensem.ErrInvalidRecord):
+		return fmt.Errorf("%w; Delete cannot tell its holders by it: use ForceDelete", err)
 	case err != nil:
 		return err
 	case cfg.State == stateDeleting:
@@ -165,6 +183,78 @@ func (s *Semaphore) finishDelete(ctx context.Context, cfg config) error {
 	// On the lock's connection (pinned), or not at all: the wait counts
 	// only if no one else took the lock meanwhile.
 	return s.deleteQueue(ctx, configQueue(s.name))
+}
+
+// markInvalidDeleting replaces an invalid configuration (ForceDelete) with
+// one that says "deleting", so that finishDelete removes the semaphore as
+// it removes any other, and a deleter that dies during its wait leaves a
+// mark the next Init or Delete waits out. Its slots are those that have a
+// claim queue or a ready token (claimSlotsFound), and no more; its W is
+// the longer of this Conn's and DefaultHeartbeat's bound, since the stored
+// one cannot be read.
+func (s *Semaphore) markInvalidDeleting(ctx context.Context) (config, error) {
+	slots, err := s.claimSlotsFound(ctx)
+	if err != nil {
+		return config{}, err
+	}
+	bound := max(s.c.holdBound(), holdBoundOf(DefaultHeartbeat))
+	cfg := config{Version: configVersion, Seq: 1, State: stateDeleting, Permits: max(slots, 1), Issued: slots,
+		Epoch: ids.Epoch(), QueueType: Quorum, Created: time.Now().UnixMilli(), HoldBoundMS: bound.Milliseconds()}
+	s.log.Warn("force-deleting a semaphore whose configuration is invalid", "slots", slots, "wait", cfg.holdWait())
+	if err := s.writeConfig(ctx, cfg); err != nil {
+		return config{}, err
+	}
+	return cfg, nil
+}
+
+// claimGap is how many missing claim queues in a row claimSlotsFound
+// passes over before it takes the rest to be missing too.
+const claimGap = 64
+
+// claimSlotsFound returns one more than the highest slot that has a claim
+// queue or a ready token, for a semaphore whose configuration cannot say
+// how many slots it has: the claim queues, which Init declares for slots
+// from 0 up, are looked for until claimGap in a row are missing (they go
+// together with the node that held them), and the ready tokens are read
+// and put back.
+func (s *Semaphore) claimSlotsFound(ctx context.Context) (int, error) {
+	slots, err := s.readyTokenSlots(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for i, missing := 0, 0; missing < claimGap && i < tokensem.MaxPermits; i++ {
+		_, exists, err := s.queueInfo(ctx, claimQueue(s.name, i))
+		switch {
+		case isCode(err, amqp.ResourceLocked): // a quarantine holds it: it exists
+		case err != nil:
+			return 0, err
+		case !exists:
+			missing++
+			continue
+		}
+		missing, slots = 0, max(slots, i+1)
+	}
+	return slots, nil
+}
+
+// readyTokenSlots reads the ready tokens of the token queue and puts them
+// back (as a census does), and returns one more than the highest slot a
+// token of this semaphore names (of any life, signed or not), or 0.
+func (s *Semaphore) readyTokenSlots(ctx context.Context) (int, error) {
+	bodies, _, err := s.readReady(ctx)
+	if errors.Is(err, tokensem.ErrNotInitialized) {
+		return 0, nil // no token queue
+	}
+	if err != nil {
+		return 0, err
+	}
+	slots := 0
+	for _, b := range bodies {
+		if tok, err := (tokensem.Codec{}).Decode(b); err == nil && tok.Semaphore == s.name {
+			slots = max(slots, tok.Index+1) // below tokensem.MaxPermits
+		}
+	}
+	return slots, nil
 }
 
 // tokensOut reports whether anyone may hold a token: a quorum token queue

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/stored"
 	"github.com/tokensem/tokensem/internal/weighted"
 )
 
@@ -35,7 +36,10 @@ import (
 //     reads each listed semaphore's configuration, and removes the entries
 //     of a name with no configuration queue once they are older than
 //     staleEntry (younger ones may belong to an Init still creating it), and
-//     all but one copy of each name. Delete removes its name's entries after
+//     all but one copy of each name, and at once every entry no Init
+//     writes (over maxEntrySize, not JSON, or no valid name). A semaphore
+//     whose configuration is invalid is listed as "invalid", not read.
+//     Delete removes its name's entries after
 //     the queues; a Delete that dies in between leaves entries List removes
 //     later.
 //
@@ -95,7 +99,9 @@ func (s *Semaphore) register(ctx context.Context, version string) error {
 // List returns the semaphores in the registry of the broker c is
 // connected to, sorted by name (see the package doc: semaphores made by an
 // amqpsem before the registry are not listed). A semaphore whose creation
-// has not finished is listed as "creating".
+// has not finished is listed as "creating", and one whose configuration is
+// invalid as "invalid", with the reason in Warning (see
+// tokensem.ErrInvalidRecord).
 //
 // Errors: a wrapped broker error.
 func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
@@ -118,8 +124,8 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 		var drop, first []registered
 		seen := map[string]bool{}
 		for _, e := range entries {
-			if seen[e.Name] {
-				drop = append(drop, e) // a copy
+			if e.junk || seen[e.Name] {
+				drop = append(drop, e) // junk, or a copy
 				continue
 			}
 			seen[e.Name] = true
@@ -172,6 +178,10 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 	case errors.Is(err, errLegacyLayout):
 		info.State = "legacy" // Open or Init moves it to the current layout
 		return info, nil
+	case errors.Is(err, tokensem.ErrInvalidRecord):
+		// Listed as such, not read: it fails that semaphore, not the list.
+		info.State, info.Warning = "invalid", err.Error()
+		return info, nil
 	case errors.Is(err, tokensem.ErrNotInitialized):
 		// A token queue without a configuration: a creation or a delete
 		// cut short, still there to be finished.
@@ -211,8 +221,22 @@ func (s *Semaphore) unregister(ctx context.Context) error {
 // registered is one registry entry as read.
 type registered struct {
 	registryEntry
-	tag uint64
-	at  time.Time
+	junk bool // not an entry any Init writes: List drops it
+	tag  uint64
+	at   time.Time
+}
+
+// maxEntrySize caps a registry entry: {"name": ...} with a name of at most
+// tokensem.MaxNameLen bytes.
+const maxEntrySize = 256
+
+// decodeEntry parses a registry entry; ok is false for junk: too large,
+// not JSON, or not naming a valid semaphore name.
+func decodeEntry(b []byte) (e registryEntry, ok bool) {
+	if stored.Decode(b, maxEntrySize, &e) != nil || tokensem.ValidateName(e.Name) != nil {
+		return registryEntry{}, false
+	}
+	return e, true
 }
 
 // withRegistry takes the registry lock, takes every entry, hands them to
@@ -272,9 +296,8 @@ read:
 			if !ok {
 				return wrapBrokerErr("read the registry", errors.New("consumer cancelled"))
 			}
-			var e registryEntry
-			_ = json.Unmarshal(d.Body, &e) // junk reads as an empty name: dropped when old
-			entries = append(entries, registered{registryEntry: e, tag: d.DeliveryTag, at: d.Timestamp})
+			e, ok := decodeEntry(d.Body)
+			entries = append(entries, registered{registryEntry: e, junk: !ok, tag: d.DeliveryTag, at: d.Timestamp})
 			quiet.Reset(registryQuiet)
 		case <-quiet.C:
 			if len(entries) >= ready {

@@ -141,6 +141,17 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 		st.Warnings = append(st.Warnings, "a Delete is running, or was cut short: Acquire waits until it ends "+
 			"(seminit delete, or an Init of the same name, finishes it)")
 	}
+	var invalid []int
+	for idx, sl := range inv.slots {
+		if sl.invalid {
+			invalid = append(invalid, idx)
+		}
+	}
+	if len(invalid) > 0 {
+		slices.Sort(invalid)
+		st.Warnings = append(st.Warnings, fmt.Sprintf("the records of slots %v are invalid (not records this client writes, or over %d bytes): "+
+			"they count as free, and the next claim of each slot replaces its record", clipInts(invalid), maxRecordSize))
+	}
 	for _, idx := range c.HeldSlots {
 		sl := inv.slots[idx]
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx, Owner: sl.rec.Owner, Since: sl.written})
@@ -196,4 +207,12 @@ func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
 		}
 	}
 	return tokensem.Count{Permits: cfg.Permits, Available: max(0, cfg.Permits-held), Held: held, Waiting: info.NumWaiting}, nil
+}
+
+// clipInts returns at most the first 16 of xs, for a message.
+func clipInts(xs []int) string {
+	if len(xs) <= 16 {
+		return fmt.Sprint(xs)
+	}
+	return fmt.Sprintf("%v… (%d in all)", xs[:16], len(xs))
 }

@@ -1,9 +1,12 @@
 package natssem
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/internal/stored"
 )
 
 // configKey is the KV key of the configuration; slot records live beside
@@ -60,13 +63,41 @@ const (
 
 func (c config) encode() []byte { return mustMarshal(c) }
 
+// maxConfigSize caps a stored configuration: the largest this package
+// writes is a few hundred bytes. A larger record is refused unparsed.
+const maxConfigSize = 4 << 10
+
+// decodeConfig parses and checks a stored configuration (see the package
+// doc, "What is read is checked"). Errors wrap tokensem.ErrInvalidRecord.
 func decodeConfig(b []byte) (config, error) {
 	var c config
-	if err := json.Unmarshal(b, &c); err != nil {
-		return config{}, fmt.Errorf("natssem: corrupt config record: %w", err)
+	if err := stored.Decode(b, maxConfigSize, &c); err != nil {
+		return config{}, err
 	}
-	if (c.Version != configVersion && c.Version != configVersionGen) || c.Permits <= 0 || c.Lease <= 0 || c.Epoch == 0 {
-		return config{}, fmt.Errorf("natssem: unsupported config record %q", b)
+	if err := c.check(); err != nil {
+		return config{}, fmt.Errorf("%w: %s", err, stored.Clip(b))
 	}
 	return c, nil
+}
+
+// check checks the fields of a configuration read back.
+func (c config) check() error {
+	switch {
+	case c.Version != configVersion && c.Version != configVersionGen:
+		return stored.Invalid("version %d (this client reads %d and %d)", c.Version, configVersion, configVersionGen)
+	case c.Permits <= 0 || c.Permits > tokensem.MaxPermits:
+		return stored.Invalid("permits %d outside 1..%d", c.Permits, tokensem.MaxPermits)
+	case c.Lease < tokensem.MinLease || c.Lease > tokensem.MaxLease:
+		return stored.Invalid("lease %v outside [%v, %v]", c.Lease, tokensem.MinLease, tokensem.MaxLease)
+	case c.Epoch == 0 || c.Epoch >= ids.MaxEpoch:
+		return stored.Invalid("epoch %d outside 1..2^53-1", c.Epoch)
+	case c.State != stateSeeding && c.State != stateReady && c.State != stateDeleting:
+		return stored.Invalid("state %s", stored.Clip([]byte(c.State)))
+	case c.Was != "" && c.Was != stateSeeding && c.Was != stateReady:
+		return stored.Invalid("earlier state %s", stored.Clip([]byte(c.Was)))
+	}
+	if err := stored.Len("key_check", c.KeyCheck, 64); err != nil {
+		return err
+	}
+	return stored.Len("seeder", c.Seeder, 64)
 }

@@ -2,6 +2,7 @@ package natssem_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -108,6 +109,37 @@ func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.B
 		List: func(t testing.TB) ([]tokensem.Info, error) {
 			return natssem.List(semtest.Context(t, time.Minute), connect(t, spread(addrs[0])))
 		},
+		ReplaceConfig: func(t testing.TB, name string, edit func([]byte) []byte) {
+			replaceRecord(t, addrs[0], natssem.BucketName(name), "config", edit)
+		},
+	}
+}
+
+// replaceRecord replaces the KV record key of bucket with edit of it, by
+// compare-and-set, as a client with write access to the bucket could.
+func replaceRecord(t testing.TB, addr, bucket, key string, edit func([]byte) []byte) {
+	t.Helper()
+	js, err := jetstream.New(connect(t, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old []byte
+	var rev uint64
+	switch e, err := kv.Get(ctx, key); {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case err != nil:
+		t.Fatal(err)
+	default:
+		old, rev = e.Value(), e.Revision()
+	}
+	if _, err := kv.Update(ctx, key, edit(old), rev); err != nil {
+		t.Fatalf("replace %s of %s: %v", key, bucket, err)
 	}
 }
 
@@ -163,6 +195,9 @@ func natsGroupBackend(name, group string, addrs []string, extra ...natssem.Optio
 	}
 	b.List = func(t testing.TB) ([]tokensem.Info, error) {
 		return natssem.List(semtest.Context(t, time.Minute), connect(t, addrs[0]), in)
+	}
+	b.ReplaceConfig = func(t testing.TB, name string, edit func([]byte) []byte) {
+		replaceRecord(t, addrs[0], natssem.GroupBucketName(group), name+".config", edit)
 	}
 	return b
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -14,7 +15,6 @@ import (
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Deleting a semaphore must neither strand a holder that does not know it
@@ -63,9 +63,13 @@ import (
 //
 // Of a key of a group, pass WithGroup; other options are ignored.
 //
+// A semaphore whose configuration is invalid (see the package doc) is
+// refused with an error wrapping tokensem.ErrInvalidRecord: Delete cannot
+// tell its holders by it. ForceDelete removes it.
+//
 // Errors: tokensem.ErrInvalidName, tokensem.ErrInvalidOption,
 // tokensem.ErrNotInitialized (nothing of that name exists),
-// tokensem.ErrHeld, or a wrapped broker error.
+// tokensem.ErrHeld, tokensem.ErrInvalidRecord, or a wrapped broker error.
 func Delete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) error {
 	return deleteSemaphore(ctx, nc, name, false, opts)
 }
@@ -76,7 +80,9 @@ func Delete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) err
 // ForceDelete returns only a lease after it closed their slots (by the
 // server's clock): give it a context that outlasts the lease. If ctx ends
 // first, the semaphore is put back and its holders keep their slots.
-// Waiters in Acquire return tokensem.ErrNotInitialized.
+// Waiters in Acquire return tokensem.ErrNotInitialized. It removes a
+// semaphore whose configuration is invalid too, taking the lease of its
+// holders from the token consumer (see the package doc).
 func ForceDelete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) error {
 	return deleteSemaphore(ctx, nc, name, true, opts)
 }
@@ -138,7 +144,19 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 // does not leave it refusing every claim; a later delete starts over.
 func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, removed *bool) (err error) {
 	cfg, err := s.markDeleting(ctx, h)
-	if err != nil {
+	anyLife := false
+	switch {
+	case errors.Is(err, tokensem.ErrInvalidRecord) && force:
+		// Unreadable: nobody can open the semaphore or Init it (see
+		// invalidConfig), so it needs no mark; its holders are told by
+		// their records, as below, judged by the token consumer's lease.
+		if cfg, err = s.invalidLife(ctx); err != nil {
+			return err
+		}
+		anyLife = true
+	case errors.Is(err, tokensem.ErrInvalidRecord):
+		return fmt.Errorf("%w; Delete cannot tell its holders by it: use ForceDelete", err)
+	case err != nil:
 		return err
 	}
 	defer func() {
@@ -163,7 +181,7 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 	if err := s.bumpGeneration(ctx); err != nil {
 		return err
 	}
-	wait, err := s.closeSlots(ctx, cfg, force, h.held)
+	wait, err := s.closeSlots(ctx, cfg, force, anyLife, h.held)
 	if err != nil {
 		return err
 	}
@@ -205,6 +223,26 @@ func (s *Semaphore) removeResources(ctx context.Context, confirm func(context.Co
 		return wrapBrokerErr(err)
 	}
 	return nil
+}
+
+// invalidLife stands in for the configuration of a semaphore whose own is
+// invalid, for ForceDelete: no slot of its own (Permits 0: the slots that
+// have a record or a token are closed), any life (closeSlots' anyLife), and
+// the lease its holders keep, which Init gave the token consumer as its
+// AckWait. Without a consumer no token can be delivered: nobody holds one,
+// and closeSlots finds that out itself.
+func (s *Semaphore) invalidLife(ctx context.Context) (config, error) {
+	cfg := config{Lease: tokensem.MaxLease}
+	info, err := s.consumerInfo(ctx)
+	switch {
+	case errors.Is(err, tokensem.ErrNotInitialized):
+	case err != nil:
+		return config{}, err
+	default:
+		cfg.Lease = min(max(info.Config.AckWait, tokensem.MinLease), tokensem.MaxLease)
+	}
+	s.log.Warn("force-deleting a semaphore whose configuration is invalid; holders are judged by the token consumer's lease", "lease", cfg.Lease)
+	return cfg, nil
 }
 
 // markDeleting marks the configuration stateDeleting (noting the state it
@@ -253,9 +291,12 @@ func (s *Semaphore) markDeleting(ctx context.Context, h *lockHold) (config, erro
 // having closed nothing if the holder was there from the start.
 //
 // The slots closed are those of the configuration, of every record, and of
-// every token in the stream: a client whose cached configuration predates
-// a shrink may still claim a slot above the permit count.
-func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool, locked func() error) (time.Duration, error) {
+// every token in the stream (a client whose cached configuration predates
+// a shrink may still claim a slot above the permit count), and no other:
+// a slot with neither a record nor a token cannot be claimed. With
+// anyLife (the configuration is invalid: invalidLife), a record of any
+// life counts as one of cfg's.
+func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force, anyLife bool, locked func() error) (time.Duration, error) {
 	slots, err := s.slots.readAll(ctx)
 	if err != nil {
 		return 0, err
@@ -267,11 +308,11 @@ func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool, lock
 	if err != nil {
 		return 0, err
 	}
-	n := cfg.Permits
+	ofLife := func(sl slotEntry) bool { return anyLife || sl.ofLife(cfg.Epoch) }
+	heldIn := func(sl slotEntry) bool { return ofLife(sl) && sl.live(now, cfg.Lease) }
 	var held []int
 	for idx, sl := range slots {
-		n = max(n, idx+1)
-		if sl.heldIn(cfg, now) {
+		if heldIn(sl) {
 			held = append(held, idx)
 		}
 	}
@@ -283,36 +324,50 @@ func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force bool, lock
 	if err != nil {
 		return 0, err
 	}
+	toClose := make(map[int]bool, cfg.Permits+len(slots))
+	for idx := range cfg.Permits {
+		toClose[idx] = true
+	}
+	for idx := range slots {
+		toClose[idx] = true
+	}
 	for _, m := range msgs {
-		e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, m.Data)
-		if (e.Valid || e.Reason == "retired") && e.Token.Semaphore == s.name && e.Token.Index < tokensem.MaxPermits {
-			n = max(n, e.Token.Index+1)
+		// Any token of this semaphore, whatever its life or signature
+		// (Decode without a key checks none): its slot may be claimed.
+		if tok, err := (tokensem.Codec{}).Decode(m.Data); err == nil && tok.Semaphore == s.name {
+			toClose[tok.Index] = true // below tokensem.MaxPermits
 		}
 	}
 	var until time.Time // when the last lease of a live holder's record runs out
-	for idx := range n {
+	for _, idx := range slices.Sorted(maps.Keys(toClose)) {
 		sl := slots[idx] // zero: never written, revision 0
 		for {
 			if err := locked(); err != nil {
 				return 0, err // the admin lock's held (lock.go)
 			}
-			if sl.heldIn(cfg, now) {
+			if heldIn(sl) {
 				if !force {
 					return 0, heldError(s.name, []int{idx}, cfg.Lease)
 				}
 				until = later(until, sl.written.Add(cfg.Lease))
 			}
-			if sl.rec.Deleted && sl.ofLife(cfg.Epoch) {
+			if sl.rec.Deleted && ofLife(sl) {
 				break
 			}
 			closed := sl.rec
-			if !sl.ofLife(cfg.Epoch) {
+			switch {
+			case anyLife:
+				// Kept in its own life: its holder, if any, finds its
+				// record closed.
+			case !sl.ofLife(cfg.Epoch):
 				// A leftover of another life binds nobody; closed, it is
 				// this life's (a claim of this life passes over a record
 				// of another: see claim.go, lifeChecked).
-				closed = record{}
+				closed = record{Epoch: cfg.Epoch}
+			default:
+				closed.Epoch = cfg.Epoch
 			}
-			closed.Deleted, closed.Epoch = true, cfg.Epoch
+			closed.Deleted = true
 			newRev, err := s.slots.cas(ctx, idx, closed, sl.rev, 0)
 			if err == nil {
 				if !closed.free() {
@@ -373,8 +428,8 @@ func (s *Semaphore) reopen(ctx context.Context, h *lockHold) error {
 	for {
 		cfg, rev, err := h.readConfig(ctx)
 		switch {
-		case errors.Is(err, tokensem.ErrNotInitialized):
-			return nil
+		case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrInvalidRecord):
+			return nil // nothing was marked
 		case err != nil:
 			return err
 		case cfg.State != stateDeleting:

@@ -145,7 +145,37 @@
 // it sends can remove what it no longer owns.
 // ForceDelete closes held slots too: a holder learns it at its next
 // renewal, and ForceDelete waits until its lease has run out. A waiter
-// learns it when its pull is refused.
+// learns it when its pull is refused. A delete closes the slots of the
+// configuration, of every record and of every token in the stream, and
+// no others.
+//
+// # What is read is checked
+//
+// Anyone who can write the bucket can write any record, at any size, so
+// every record is bounded and checked as it is read, and errors quote at
+// most 32 bytes of it:
+//   - the configuration: at most 4 KiB (larger is refused unparsed);
+//     version 1 or 2; permits 1..tokensem.MaxPermits; lease within
+//     [tokensem.MinLease, tokensem.MaxLease]; epoch 1..2^53-1; a known
+//     state; key check and seeder at most 64 bytes. A bad one fails that
+//     semaphore alone, at the cost of reading it: Open, Init, Status,
+//     Acquire, Resize and Delete return an error wrapping
+//     tokensem.ErrInvalidRecord that names ForceDelete; List lists it with
+//     State "invalid" and the reason in Info.Warning. Init refuses rather
+//     than start a life over it, because it cannot tell who may still hold
+//     a permit of the unreadable one. ForceDelete removes it: it judges
+//     holders by the slot records of any life, with the token consumer's
+//     AckWait as their lease, closes those records, waits that lease, and
+//     removes the stream and bucket. Delete refuses it.
+//   - slot records: at most 4 KiB; epoch below 2^53; holder, token and
+//     releaser ids at most 64 bytes, the holder's name at most 128. A bad
+//     one counts as free, held by nobody (a claim replaces it), and Status
+//     warns of it. A key slot.I with I outside [0, tokensem.MaxPermits), or
+//     not written as a plain number, is no slot.
+//   - the admin lock's record: at most 4 KiB, names of a client's length;
+//     anything else is no client's lock, and free.
+//   - a group's generation record: the 32-hex id a bump writes; anything
+//     else vouches for no configuration (each key reads its own).
 //
 // # Groups
 //

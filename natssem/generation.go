@@ -84,6 +84,10 @@ func (s *Semaphore) readGeneration(ctx context.Context) (genValue, error) {
 		return genValue{seq: seq}, nil
 	case err != nil:
 		return genValue{}, wrapBrokerErr(err)
+	case !ids.Valid(string(data)):
+		// Not an id a bump writes (bumpGeneration): it vouches for
+		// nothing, and is not kept.
+		return genValue{seq: seq}, nil
 	}
 	return genValue{seq: seq, id: string(data)}, nil
 }

@@ -16,7 +16,9 @@ import (
 // List returns the semaphores of the NATS server or cluster nc is
 // connected to, sorted by name: every KV bucket tokensem_NAME, with its
 // configuration. A bucket without one (an Init that has not written it
-// yet, or a Delete half done) is listed as "creating" with 0 permits.
+// yet, or a Delete half done) is listed as "creating" with 0 permits, and
+// one whose configuration is invalid as "invalid", with the reason in
+// Warning (see tokensem.ErrInvalidRecord).
 // With WithGroup it lists the keys of that group instead (none if the
 // group does not exist); other options are ignored.
 //
@@ -74,16 +76,7 @@ func (s *Semaphore) listGroup(ctx context.Context) ([]tokensem.Info, error) {
 		if tokensem.ValidateName(name) != nil {
 			continue
 		}
-		cfg, err := decodeConfig(e.Value())
-		if err != nil {
-			return nil, err
-		}
-		info := tokensem.Info{Name: name, Backend: "nats", State: stateCreating}
-		info.Permits, info.Lease = cfg.Permits, cfg.Lease
-		if cfg.State == stateReady || cfg.State == stateDeleting {
-			info.State = cfg.State
-		}
-		out = append(out, info)
+		out = append(out, describe(name, e.Value()))
 	}
 	slices.SortFunc(out, func(a, b tokensem.Info) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
@@ -120,19 +113,33 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 		case err != nil:
 			return nil, wrapBrokerErr(err)
 		default:
-			cfg, err := decodeConfig(e.Value())
-			if err != nil {
-				return nil, err
-			}
-			info.Permits, info.Lease = cfg.Permits, cfg.Lease
-			if cfg.State == stateReady || cfg.State == stateDeleting {
-				info.State = cfg.State
-			}
+			info = describe(name, e.Value())
 		}
 		out = append(out, info)
 	}
 	return out, nil
 }
 
-// stateCreating is what List reports of a semaphore that is not ready.
-const stateCreating = "creating"
+// describe lists semaphore name by its stored configuration b. One that
+// is invalid is listed as such (tokensem.Info.Warning says why), not
+// read: it fails that semaphore, not the list.
+func describe(name string, b []byte) tokensem.Info {
+	info := tokensem.Info{Name: name, Backend: "nats", State: stateCreating}
+	cfg, err := decodeConfig(b)
+	if err != nil {
+		info.State, info.Warning = stateInvalid, err.Error()
+		return info
+	}
+	info.Permits, info.Lease = cfg.Permits, cfg.Lease
+	if cfg.State == stateReady || cfg.State == stateDeleting {
+		info.State = cfg.State
+	}
+	return info
+}
+
+// stateCreating is what List reports of a semaphore that is not ready,
+// stateInvalid of one whose configuration cannot be read.
+const (
+	stateCreating = "creating"
+	stateInvalid  = "invalid"
+)

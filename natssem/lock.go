@@ -15,6 +15,8 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/internal/semopts"
+	"github.com/tokensem/tokensem/internal/stored"
 )
 
 // The admin lock serializes the runs of reconcilers and Resize's change of
@@ -57,6 +59,17 @@ const (
 type lockRecord struct {
 	Holder string `json:"h,omitempty"` // empty: free
 	Owner  string `json:"o,omitempty"` // holder's name, for whoever reads the bucket
+}
+
+// decodeLock parses a lock record. One that is not a record this package
+// writes (too large, not JSON, a name longer than a holder's) is free: its
+// writer cannot be renewing it.
+func decodeLock(b []byte) lockRecord {
+	var r lockRecord
+	if stored.Decode(b, maxRecordSize, &r) != nil || len(r.Holder) > 64 || len(r.Owner) > semopts.MaxHolderName {
+		return lockRecord{}
+	}
+	return r
 }
 
 // lockHold is one holding of the admin lock.
@@ -140,8 +153,7 @@ func (h *lockHold) try(ctx context.Context) (rev uint64, holder string, err erro
 	case err != nil:
 		return 0, "", wrapBrokerErr(err)
 	default:
-		var cur lockRecord
-		_ = json.Unmarshal(e.Value(), &cur) // an unreadable record is free
+		cur := decodeLock(e.Value())
 		switch {
 		case cur.Holder == h.me.Holder:
 			return e.Revision(), "", nil
@@ -184,8 +196,7 @@ func (h *lockHold) cas(ctx context.Context, val []byte, rev uint64) (uint64, err
 			if rerr != nil {
 				return 0, errConflict
 			}
-			var cur lockRecord
-			_ = json.Unmarshal(e.Value(), &cur)
+			cur := decodeLock(e.Value())
 			if cur.Holder != h.me.Holder {
 				return 0, errConflict
 			}

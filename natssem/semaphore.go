@@ -304,7 +304,16 @@ func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
 		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
 	}
 	cfg, err := decodeConfig(data)
-	return cfg, seq, err
+	if err != nil {
+		return config{}, seq, invalidConfig(s.name, err)
+	}
+	return cfg, seq, nil
+}
+
+// invalidConfig says that semaphore name's configuration is invalid (err
+// wraps tokensem.ErrInvalidRecord), and what removes it.
+func invalidConfig(name string, err error) error {
+	return fmt.Errorf("natssem: the configuration of %s cannot be used (ForceDelete, or seminit delete --force, removes the semaphore): %w", name, err)
 }
 
 // errNoRecord is readLast's answer for a key never written, deleted or

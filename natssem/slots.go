@@ -12,6 +12,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/ids"
+	"github.com/tokensem/tokensem/internal/semopts"
+	"github.com/tokensem/tokensem/internal/stored"
 )
 
 // slotPrefix starts the KV key of every slot record.
@@ -52,15 +57,49 @@ func (r record) encode() []byte {
 	return b
 }
 
+// maxRecordSize caps a stored slot or lock record: the largest this
+// package writes, with a holder name of 128 bytes each escaped in JSON, is
+// about 1.1 KiB. A larger record is refused unparsed.
+const maxRecordSize = 4 << 10
+
+// decodeRecord parses and checks a slot record. Errors wrap
+// tokensem.ErrInvalidRecord.
 func decodeRecord(b []byte) (record, error) {
 	var r record
 	if len(b) == 0 {
 		return r, nil
 	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return record{}, fmt.Errorf("natssem: corrupt slot record: %w", err)
+	if err := stored.Decode(b, maxRecordSize, &r); err != nil {
+		return record{}, err
+	}
+	if err := r.check(); err != nil {
+		return record{}, fmt.Errorf("%w: %s", err, stored.Clip(b))
 	}
 	return r, nil
+}
+
+// check checks the fields of a slot record read back: what it names is
+// quoted in errors and Status, so it is as short as what clients write.
+func (r record) check() error {
+	if r.Epoch >= ids.MaxEpoch {
+		return stored.Invalid("slot record of epoch %d, not below 2^53", r.Epoch)
+	}
+	for _, f := range []struct {
+		name, s string
+		max     int
+	}{{"holder", r.Holder, 64}, {"owner", r.Owner, semopts.MaxHolderName}, {"token", r.Token, 64}, {"by", r.By, 64}} {
+		if err := stored.Len(f.name, f.s, f.max); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slotIndex parses the index of a slot record's key suffix: a number in
+// [0, tokensem.MaxPermits), written as strconv.Itoa writes it.
+func slotIndex(suffix string) (int, bool) {
+	idx, err := strconv.Atoi(suffix)
+	return idx, err == nil && idx >= 0 && idx < tokensem.MaxPermits && strconv.Itoa(idx) == suffix
 }
 
 // slotEntry is one slot record as read from the bucket, or as this client
@@ -72,6 +111,9 @@ type slotEntry struct {
 	// delivered is the token's delivery count when this client wrote the
 	// record (0 for reads): see slotStore.cached.
 	delivered uint64
+	// invalid marks a record that did not decode (decodeRecord): rec is
+	// then a free record, held by nobody we know.
+	invalid bool
 }
 
 // live reports whether the entry names a holder that may still hold the
@@ -135,7 +177,7 @@ func (st *slotStore) read(ctx context.Context, index int) (slotEntry, error) {
 		st.log.Warn("corrupt slot record", "index", index, "err", err)
 		rec = record{}
 	}
-	got := slotEntry{rec: rec, rev: e.Revision(), written: e.Created()}
+	got := slotEntry{rec: rec, rev: e.Revision(), written: e.Created(), invalid: err != nil}
 	st.remember(index, got)
 	return got, nil
 }
@@ -204,15 +246,17 @@ func (st *slotStore) readAll(ctx context.Context) (map[int]slotEntry, error) {
 			if e == nil {
 				return out, nil // initial values done
 			}
-			idx, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix))
-			if err != nil {
-				continue
+			idx, ok := slotIndex(strings.TrimPrefix(e.Key(), prefix))
+			if !ok {
+				continue // no slot of any semaphore
 			}
 			rec, err := decodeRecord(e.Value())
 			if err != nil {
-				continue
+				// Held by nobody we know, as read reads it: a census
+				// sees the slot free (and says so), a delete closes it.
+				rec = record{}
 			}
-			out[idx] = slotEntry{rec: rec, rev: e.Revision(), written: e.Created()}
+			out[idx] = slotEntry{rec: rec, rev: e.Revision(), written: e.Created(), invalid: err != nil}
 		}
 	}
 }

@@ -90,7 +90,8 @@ unreachable or failing a request, 70 exec: permit lost (child stopped), 75 no
 permit within --wait (a waiter rides through a cluster's failover until then),
 or too many callers waiting already, or delete: a permit is held (nothing
 changed; --force deletes anyway and every holder's exec exits 70), 77 credentials
-refused, 78 not initialized or permit-count/lease/key mismatch, 124 exec: --max-hold
+refused, 78 not initialized, permit-count/lease/key mismatch, or a stored
+configuration that is invalid (delete --force removes it), 124 exec: --max-hold
 ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
 exits with the command's status; --weight above the semaphore's permits exits
 64. The command's environment carries TOKENSEM_NAME, TOKENSEM_SLOT (the token

@@ -39,6 +39,7 @@ func TestExitCodes(t *testing.T) {
 		{"permit mismatch", wrapped(tokensem.ErrPermitMismatch), exitConfig},
 		{"key mismatch", wrapped(tokensem.ErrKeyMismatch), exitConfig},
 		{"lease mismatch", wrapped(tokensem.ErrLeaseMismatch), exitConfig},
+		{"invalid stored configuration", wrapped(tokensem.ErrInvalidRecord), exitConfig},
 		{"credentials", authErr{wrapped(amqpsem.ErrAuth)}, exitNoAuth},
 		{"unreachable (dial)", unavailableErr{wrapped(amqpsem.ErrUnreachable)}, exitUnavailable},
 		{"TLS", unavailableErr{wrapped(amqpsem.ErrTLS)}, exitUnavailable},

@@ -21,7 +21,7 @@ const (
 	exitUnavailable = 69 // EX_UNAVAILABLE: broker unreachable
 	exitNoPermit    = 75 // EX_TEMPFAIL: no permit within --wait; delete refused while a permit is held
 	exitNoAuth      = 77 // EX_NOPERM: the broker refused the credentials
-	exitConfig      = 78 // EX_CONFIG: not initialized, permit-count, lease or key mismatch
+	exitConfig      = 78 // EX_CONFIG: not initialized, permit-count, lease or key mismatch, invalid stored configuration
 	exitHoldLimit   = 124
 )
 
@@ -96,7 +96,8 @@ func exitCode(err error) int {
 	case errors.As(err, &ua):
 		return exitUnavailable
 	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrPermitMismatch),
-		errors.Is(err, tokensem.ErrLeaseMismatch), errors.Is(err, tokensem.ErrKeyMismatch):
+		errors.Is(err, tokensem.ErrLeaseMismatch), errors.Is(err, tokensem.ErrKeyMismatch),
+		errors.Is(err, tokensem.ErrInvalidRecord):
 		return exitConfig
 	case errors.Is(err, tokensem.ErrUnavailable):
 		return exitUnavailable

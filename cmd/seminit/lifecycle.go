@@ -10,7 +10,9 @@ import (
 	"github.com/tokensem/tokensem"
 )
 
-// runList prints the semaphores of the broker.
+// runList prints the semaphores of the broker. One whose configuration is
+// invalid is listed with state "invalid" and the reason on stderr (in
+// --json, its "warning"); the list still succeeds.
 func runList(ctx context.Context, e env, args []string) error {
 	fs := flag.NewFlagSet("list", flag.ContinueOnError)
 	var g globals
@@ -45,7 +47,15 @@ func runList(ctx context.Context, e env, args []string) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", in.Name, in.Permits, lease, in.State)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, in := range infos {
+		if in.Warning != "" {
+			fmt.Fprintf(e.stderr, "seminit: %s: %s\n", in.Name, in.Warning)
+		}
+	}
+	return nil
 }
 
 // runDelete deletes a semaphore: refused (exit 75) while a permit is held,

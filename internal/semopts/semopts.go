@@ -95,19 +95,24 @@ func CheckLease(d time.Duration) error {
 	return nil
 }
 
-// DefaultHolderName is "host:pid".
+// MaxHolderName is the longest holder name: records that name a longer one
+// are not a client's.
+const MaxHolderName = 128
+
+// DefaultHolderName is "host:pid" (the host cut to fit MaxHolderName).
 func DefaultHolderName() string {
 	host, _ := os.Hostname()
 	if host == "" {
 		host = "unknown"
 	}
-	return host + ":" + strconv.Itoa(os.Getpid())
+	pid := ":" + strconv.Itoa(os.Getpid())
+	return host[:min(len(host), MaxHolderName-len(pid))] + pid
 }
 
-// CheckHolderName checks a holder name: 1..128 bytes without control
-// characters.
+// CheckHolderName checks a holder name: 1..MaxHolderName bytes without
+// control characters.
 func CheckHolderName(name string) error {
-	if name == "" || len(name) > 128 || strings.ContainsFunc(name, unicode.IsControl) {
+	if name == "" || len(name) > MaxHolderName || strings.ContainsFunc(name, unicode.IsControl) {
 		return fmt.Errorf("%w: holder name must be 1..128 bytes without control characters", tokensem.ErrInvalidOption)
 	}
 	return nil

@@ -38,6 +38,10 @@ type Backend struct {
 	Delete func(t testing.TB, name string, force bool) error
 	// List lists the broker's semaphores.
 	List func(t testing.TB) ([]tokensem.Info, error)
+	// ReplaceConfig replaces semaphore name's stored configuration with
+	// edit of it, as an operator or a hostile writer could. nil: the
+	// tests that need it skip.
+	ReplaceConfig func(t testing.TB, name string, edit func(old []byte) []byte)
 }
 
 // Options are the semaphore options the suite varies.

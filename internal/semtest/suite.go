@@ -52,6 +52,7 @@ func Run(t *testing.T, b Backend) {
 		{"WeightedAfterDelete", testWeightedAfterDelete},
 		{"AcquireAll", testAcquireAll},
 		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
+		{"InvalidConfig", testInvalidConfig},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
