@@ -62,6 +62,11 @@ var (
 	// trying again later may succeed. The broker's own error is wrapped
 	// beside it.
 	ErrUnavailable = errors.New("tokensem: broker unavailable")
+	// ErrPermissionDenied wraps an operation the broker refused for the
+	// connected user's permissions (a NATS permissions violation, a
+	// RabbitMQ access refusal). Trying again does not help; the error
+	// names the subject, queue or exchange that was refused.
+	ErrPermissionDenied = errors.New("tokensem: permission denied by the broker")
 	// ErrTooManyWaiters is returned by Acquire when the broker refuses another
 	// waiting caller (the waiter limit set when the semaphore was created).
 	ErrTooManyWaiters = errors.New("tokensem: too many waiters")

@@ -41,6 +41,7 @@ func TestExitCodes(t *testing.T) {
 		{"lease mismatch", wrapped(tokensem.ErrLeaseMismatch), exitConfig},
 		{"invalid stored configuration", wrapped(tokensem.ErrInvalidRecord), exitConfig},
 		{"credentials", authErr{wrapped(amqpsem.ErrAuth)}, exitNoAuth},
+		{"permission denied", wrapped(tokensem.ErrPermissionDenied), exitNoAuth},
 		{"unreachable (dial)", unavailableErr{wrapped(amqpsem.ErrUnreachable)}, exitUnavailable},
 		{"TLS", unavailableErr{wrapped(amqpsem.ErrTLS)}, exitUnavailable},
 		{"amqp unreachable after dial", wrapped(amqpsem.ErrUnreachable), exitUnavailable},

@@ -20,7 +20,7 @@ const (
 	exitSoftware    = 70 // EX_SOFTWARE: exec lost its permit and stopped the child
 	exitUnavailable = 69 // EX_UNAVAILABLE: broker unreachable
 	exitNoPermit    = 75 // EX_TEMPFAIL: no permit within --wait; delete refused while a permit is held
-	exitNoAuth      = 77 // EX_NOPERM: the broker refused the credentials
+	exitNoAuth      = 77 // EX_NOPERM: the broker refused the credentials or an operation
 	exitConfig      = 78 // EX_CONFIG: not initialized, permit-count, lease or key mismatch, invalid stored configuration
 	exitHoldLimit   = 124
 )
@@ -91,7 +91,7 @@ func exitCode(err error) int {
 		errors.Is(err, tokensem.ErrInvalidOption), errors.Is(err, tokensem.ErrWeightExceedsPermits),
 		errors.Is(err, tokensem.ErrAmbiguousOrder):
 		return exitUsage
-	case errors.As(err, &ae):
+	case errors.As(err, &ae), errors.Is(err, tokensem.ErrPermissionDenied):
 		return exitNoAuth
 	case errors.As(err, &ua):
 		return exitUnavailable
