@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -219,6 +221,51 @@ func TestGateByKey(t *testing.T) {
 	}
 	if st.Available != 1 || st.Held != 0 {
 		t.Fatalf("tenant a after the requests: %d available, %d held", st.Available, st.Held)
+	}
+}
+
+// TestGateKeyFilter: a tenant the group's key filter refuses is answered
+// 403 before anything reaches the broker, however many distinct ones
+// come; an allowed tenant is served.
+func TestGateKeyFilter(t *testing.T) {
+	nc := connect(t)
+	prefix := uniqueName("filtered") + "-"
+	var inits atomic.Int64
+	group, err := semgroup.New(func(ctx context.Context, name string, n int) (tokensem.Semaphore, error) {
+		inits.Add(1)
+		return natssem.Init(ctx, nc, name, n)
+	}, 1, semgroup.WithPrefix(prefix), semgroup.WithKeyFilter(semgroup.AllowKeys("a", "b")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer group.Close()
+	gate, err := httpsem.New(httpsem.ByKey(group, httpsem.Header("X-Tenant")), httpsem.WithWait(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, client := serve(t, gate.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	})))
+	for i := range 50 {
+		tenant := "t" + strconv.Itoa(i)
+		if res := get(client, ts.URL, "X-Tenant", tenant); res.err != nil || res.code != http.StatusForbidden {
+			t.Fatalf("tenant %s: got %+v, want status 403", tenant, res)
+		}
+	}
+	if res := get(client, ts.URL, "X-Tenant", "a"); res.err != nil || res.code != http.StatusOK {
+		t.Fatalf("tenant a: got %+v, want status 200", res)
+	}
+	if n := inits.Load(); n != 1 {
+		t.Fatalf("%d semaphores made, want 1 (tenant a's)", n)
+	}
+	infos, err := natssem.List(bounded(t), nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range infos {
+		if strings.HasPrefix(info.Name, prefix) && info.Name != prefix+"a" {
+			t.Errorf("semaphore %s exists on the broker", info.Name)
+		}
 	}
 }
 

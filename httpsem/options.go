@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/semgroup"
 )
 
 // Defaults of the options.
@@ -94,7 +95,9 @@ func WithRejectHandler(h http.Handler) Option {
 // WithErrorHandler sets the function that answers a request which could not
 // be gated for another reason than load: the Picker failed, the semaphore
 // is closed, the broker failed. Default: 400 Bad Request when err wraps
-// ErrNoKey or tokensem.ErrInvalidName, 503 Service Unavailable otherwise.
+// ErrNoKey or tokensem.ErrInvalidName, 403 Forbidden when it wraps
+// semgroup.ErrKeyNotAllowed (a key the group's filter refuses), 503
+// Service Unavailable otherwise.
 // f must not be nil.
 func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error)) Option {
 	return func(o *options) error {
@@ -123,6 +126,10 @@ func tooManyRequests(w http.ResponseWriter, _ *http.Request) {
 }
 
 func serviceError(w http.ResponseWriter, _ *http.Request, err error) {
+	if errors.Is(err, semgroup.ErrKeyNotAllowed) {
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return
+	}
 	if errors.Is(err, ErrNoKey) || errors.Is(err, tokensem.ErrInvalidName) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

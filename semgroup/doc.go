@@ -16,6 +16,14 @@
 // tokensem.ValidateName; an empty key or one that does not is refused with an error
 // wrapping tokensem.ErrInvalidName before any broker call.
 //
+// Untrusted keys: every new key creates a semaphore on the broker (a
+// stream and a bucket, or queues), so keys taken from requests or
+// messages should pass WithKeyFilter (AllowKeys for a known set): a
+// refused key fails with ErrKeyNotAllowed before any broker call. Bound
+// what is left on the broker side too (JetStream account limits on
+// streams, RabbitMQ user limits on queues) and expire unused keys
+// (WithIdleExpiry).
+//
 // Once per key: concurrent first uses of one key call the InitFunc once and
 // share its outcome. The call runs on the group's own context (bounded by
 // WithOpenTimeout, cancelled by Close), so a caller that gives up does not

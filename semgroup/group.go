@@ -84,24 +84,41 @@ func New(init InitFunc, permits int, opts ...Option) (*Group, error) {
 	return g, nil
 }
 
+// ErrKeyNotAllowed is returned for a key the group's key filter refuses
+// (WithKeyFilter).
+var ErrKeyNotAllowed = errors.New("semgroup: key not allowed")
+
 // Name returns the semaphore name of key, or an error wrapping
-// tokensem.ErrInvalidName. The empty key is never valid, even with a prefix.
+// tokensem.ErrInvalidName, or ErrKeyNotAllowed for a key the group's key
+// filter refuses. The empty key is never valid, even with a prefix.
 func (g *Group) Name(key string) (string, error) {
 	if key == "" {
 		return "", fmt.Errorf("semgroup: %w: empty key", tokensem.ErrInvalidName)
 	}
 	name := g.opts.prefix + key
 	if err := tokensem.ValidateName(name); err != nil {
-		return "", fmt.Errorf("semgroup: key %q: %w", key, err)
+		return "", fmt.Errorf("semgroup: key %q: %w", clipKey(key), err)
+	}
+	if g.opts.allowKey != nil && !g.opts.allowKey(key) {
+		return "", fmt.Errorf("%w: %q", ErrKeyNotAllowed, key)
 	}
 	return name, nil
+}
+
+// clipKey cuts a key that is not a valid name (it may be anything a
+// request sent) to what an error quotes.
+func clipKey(key string) string {
+	if len(key) > tokensem.MaxNameLen {
+		return key[:tokensem.MaxNameLen] + "…"
+	}
+	return key
 }
 
 // Acquire blocks until a permit of key's semaphore is held or ctx ends,
 // opening the semaphore first if it is not cached. The permit must be
 // released, even after a loss (see the package doc).
 //
-// Errors: tokensem.ErrInvalidName (a bad key), ctx.Err(),
+// Errors: tokensem.ErrInvalidName (a bad key), ErrKeyNotAllowed, ctx.Err(),
 // tokensem.ErrClosed, the InitFunc's error unchanged (for example
 // tokensem.ErrPermitMismatch), or the semaphore's Acquire error.
 func (g *Group) Acquire(ctx context.Context, key string) (*Permit, error) {

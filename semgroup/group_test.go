@@ -301,6 +301,44 @@ func TestPermitsFunc(t *testing.T) {
 	}
 }
 
+// TestKeyFilter: every call with a key the filter refuses fails with
+// ErrKeyNotAllowed and makes no semaphore; allowed keys work.
+func TestKeyFilter(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, init semgroup.InitFunc) {
+		tr := track(init)
+		prefix := uniquePrefix()
+		g, err := semgroup.New(tr.Init, 1, semgroup.WithPrefix(prefix), semgroup.WithKeyFilter(semgroup.AllowKeys("ok")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		ctx := bounded(t)
+		calls := map[string]func(key string) error{
+			"Acquire":    func(k string) error { _, err := g.Acquire(ctx, k); return err },
+			"TryAcquire": func(k string) error { _, err := g.TryAcquire(ctx, k); return err },
+			"Open":       func(k string) error { return g.Open(ctx, k) },
+			"Status":     func(k string) error { _, err := g.Status(ctx, k); return err },
+			"Do":         func(k string) error { return g.Do(ctx, k, func(context.Context) error { return nil }) },
+			"Name":       func(k string) error { _, err := g.Name(k); return err },
+		}
+		for name, call := range calls {
+			if err := call("other"); !errors.Is(err, semgroup.ErrKeyNotAllowed) {
+				t.Errorf("%s(other) = %v, want ErrKeyNotAllowed", name, err)
+			}
+		}
+		if n, _ := tr.counts(prefix + "other"); n != 0 {
+			t.Fatalf("a refused key was opened %d times", n)
+		}
+		p, err := g.Acquire(ctx, "ok")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 func TestNewRejects(t *testing.T) {
 	init := func(context.Context, string, int) (tokensem.Semaphore, error) {
 		return nil, errors.New("never called")
@@ -322,6 +360,7 @@ func TestNewRejects(t *testing.T) {
 		{"nil permits func", init, 1, semgroup.WithPermitsFunc(nil), tokensem.ErrInvalidOption},
 		{"zero open timeout", init, 1, semgroup.WithOpenTimeout(0), tokensem.ErrInvalidOption},
 		{"nil logger", init, 1, semgroup.WithLogger(nil), tokensem.ErrInvalidOption},
+		{"nil key filter", init, 1, semgroup.WithKeyFilter(nil), tokensem.ErrInvalidOption},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, err := semgroup.New(tc.init, tc.permits, tc.opt)

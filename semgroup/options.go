@@ -25,6 +25,7 @@ type options struct {
 	log         *slog.Logger
 	idleExpiry  time.Duration // 0: none
 	deleteFn    DeleteFunc
+	allowKey    func(key string) bool // nil: every valid key
 }
 
 // Option configures New. An invalid value makes New return an error
@@ -89,6 +90,32 @@ func WithMaxSize(n int) Option {
 		o.maxSize = n
 		return nil
 	}
+}
+
+// WithKeyFilter admits only the keys for which allow returns true: a call
+// with any other key fails with an error wrapping ErrKeyNotAllowed before
+// anything reaches the broker. Keys usually come from outside (a header, a
+// message field), and every new key creates a semaphore on the broker: a
+// group that serves a known set of tenants should say which (AllowKeys).
+// allow must not be nil, and is called once per call, without any lock of
+// the group held. Default: every valid key.
+func WithKeyFilter(allow func(key string) bool) Option {
+	return func(o *options) error {
+		if allow == nil {
+			return fmt.Errorf("%w: nil key filter", tokensem.ErrInvalidOption)
+		}
+		o.allowKey = allow
+		return nil
+	}
+}
+
+// AllowKeys returns a key filter (WithKeyFilter) admitting exactly keys.
+func AllowKeys(keys ...string) func(key string) bool {
+	set := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		set[k] = true
+	}
+	return func(key string) bool { return set[key] }
 }
 
 // WithOpenTimeout bounds each InitFunc call. Default DefaultOpenTimeout;

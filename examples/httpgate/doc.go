@@ -2,7 +2,9 @@
 // semaphores (package httpsem with a semgroup.Group): each tenant, named by
 // the X-Tenant header, may have at most -permits requests in its handler at
 // once across every replica; a request that gets no permit within -wait is
-// answered 429 Too Many Requests with a Retry-After header.
+// answered 429 Too Many Requests with a Retry-After header. Only the
+// -tenants tenants a, b, ... are served: any other X-Tenant is answered 403
+// Forbidden and creates nothing on the broker (semgroup.WithKeyFilter).
 //
 //	go run ./examples/httpgate                        # embedded NATS, built-in load, a report
 //	go run ./examples/httpgate -serve 127.0.0.1:8080  # just serve; try it with curl:

@@ -33,7 +33,7 @@ type config struct {
 	retryAfter  time.Duration
 	requests    int // self-demo: total requests
 	concurrency int // self-demo: requests in flight at once
-	tenants     int // self-demo: tenants "a", "b", ...
+	tenants     int // tenants "a", "b", ... (the only ones served)
 	work        time.Duration
 }
 
@@ -53,7 +53,7 @@ func main() {
 	flag.DurationVar(&cfg.retryAfter, "retry-after", cfg.retryAfter, "Retry-After sent with a 429")
 	flag.IntVar(&cfg.requests, "requests", cfg.requests, "self-demo: number of requests")
 	flag.IntVar(&cfg.concurrency, "concurrency", cfg.concurrency, "self-demo: requests in flight at once")
-	flag.IntVar(&cfg.tenants, "tenants", cfg.tenants, "self-demo: number of tenants (1..26)")
+	flag.IntVar(&cfg.tenants, "tenants", cfg.tenants, "number of tenants (1..26): a, b, ...; any other X-Tenant is answered 403")
 	flag.DurationVar(&cfg.work, "work", cfg.work, "time a handler works on a request")
 	flag.Parse()
 
@@ -91,9 +91,16 @@ func run(ctx context.Context, cfg config, out io.Writer) (report, error) {
 	}
 	defer closeNATS()
 
+	// Tenants come from a request header: only the known ones get a
+	// semaphore (any other is answered 403), or every distinct header a
+	// client makes up would create one on the broker.
+	tenants := make([]string, cfg.tenants)
+	for i := range tenants {
+		tenants[i] = string(rune('a' + i))
+	}
 	group, err := semgroup.New(func(ctx context.Context, name string, permits int) (tokensem.Semaphore, error) {
 		return natssem.Init(ctx, nc, name, permits)
-	}, cfg.permits, semgroup.WithPrefix("httpgate-"))
+	}, cfg.permits, semgroup.WithPrefix("httpgate-"), semgroup.WithKeyFilter(semgroup.AllowKeys(tenants...)))
 	if err != nil {
 		return report{}, err
 	}
