@@ -70,6 +70,14 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if s.isClosed() {
 		return nil, tokensem.ErrClosed
 	}
+	if !noWait {
+		if n := s.waiting.Add(1); n > int64(s.opts.maxLocal) {
+			s.waiting.Add(-1)
+			return nil, fmt.Errorf("%w: %d callers of %s wait in this process already (WithMaxLocalWaiters)",
+				tokensem.ErrTooManyWaiters, s.opts.maxLocal, s.name)
+		}
+		defer s.waiting.Add(-1)
+	}
 	w, err := s.getWaiter(!noWait)
 	if err != nil {
 		return nil, err

@@ -18,6 +18,11 @@ const (
 	// at once, across all processes (the consumer's MaxWaiting). The NATS
 	// default of 512 is too small for large fleets.
 	DefaultMaxWaiters = 4096
+	// DefaultMaxLocalWaiters is the number of callers of one Semaphore
+	// (one handle, in one process) that may wait in Acquire at once: a
+	// quarter of DefaultMaxWaiters, so that one runaway process cannot
+	// take every place in the queue.
+	DefaultMaxLocalWaiters = 1024
 	// DefaultPullExpiry is how long one waiting pull request lives at the
 	// server. A caller still waiting then re-issues it and, like a fresh
 	// caller, goes to the back of the queue.
@@ -36,6 +41,7 @@ type options struct {
 	group      string        // see WithGroup
 	replicas   int
 	maxWaiters int
+	maxLocal   int // see WithMaxLocalWaiters
 	pullExpiry time.Duration
 	heartbeat  time.Duration
 	leaseSet   bool
@@ -53,6 +59,7 @@ func newOptions(opts []Option) (options, error) {
 		HolderName: semopts.DefaultHolderName(),
 		replicas:   DefaultReplicas,
 		maxWaiters: DefaultMaxWaiters,
+		maxLocal:   DefaultMaxLocalWaiters,
 		pullExpiry: DefaultPullExpiry,
 		heartbeat:  DefaultPullHeartbeat,
 	}
@@ -169,6 +176,24 @@ func WithMaxWaiters(n int) Option {
 			return fmt.Errorf("%w: max waiters %d (want 1..1000000)", tokensem.ErrInvalidOption, n)
 		}
 		o.maxWaiters = n
+		return nil
+	}
+}
+
+// WithMaxLocalWaiters sets how many callers of this Semaphore may wait in
+// Acquire (and AcquireN) at once (default DefaultMaxLocalWaiters,
+// 1..1,000,000); one more is refused at once with
+// tokensem.ErrTooManyWaiters. WithMaxWaiters caps the waiters of every
+// client together at the server; this cap keeps one process (a retry storm,
+// a leak of goroutines) from taking all of those places. It bounds callers
+// of this library only: a client with pull rights that is not one can still
+// queue up to WithMaxWaiters pulls (see docs/permissions-nats.md).
+func WithMaxLocalWaiters(n int) Option {
+	return func(o *options) error {
+		if n < 1 || n > 1_000_000 {
+			return fmt.Errorf("%w: max local waiters %d (want 1..1000000)", tokensem.ErrInvalidOption, n)
+		}
+		o.maxLocal = n
 		return nil
 	}
 }

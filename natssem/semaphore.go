@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,6 +52,8 @@ type Semaphore struct {
 	group *groupShare            // of the group on this connection; nil alone
 
 	gates weighted.Gate[*Semaphore] // see gate: made by the first AcquireN of k > 1
+
+	waiting atomic.Int64 // callers in Acquire that wait (WithMaxLocalWaiters)
 
 	mu     sync.Mutex
 	idle   []*waiter // inboxes with no pull pending, for reuse

@@ -55,6 +55,73 @@ func TestTooManyWaiters(t *testing.T) {
 	_ = p.Release(t.Context())
 }
 
+// TestTooManyLocalWaiters: one handle's callers beyond WithMaxLocalWaiters
+// are refused at once, leaving the server's places to other clients: a
+// waiter of another handle still queues and gets the permit first.
+func TestTooManyLocalWaiters(t *testing.T) {
+	name := "max-local-waiters"
+	s := initNATS(t, name, 1, natssem.WithMaxWaiters(4))
+	held, err := s.Acquire(semtest.Context(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	greedy, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name, natssem.WithMaxLocalWaiters(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer greedy.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := greedy.Acquire(ctx); errs <- err }()
+	}
+	cons := rawConsumer(t, name)
+	waitFor(t, "two waiters", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.NumWaiting == 2
+	})
+	start := time.Now()
+	if _, err := greedy.Acquire(semtest.Context(t, 5*time.Second)); !errors.Is(err, tokensem.ErrTooManyWaiters) {
+		t.Fatalf("third waiter of the same handle: err = %v, want ErrTooManyWaiters", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("refused after %v, not at once", d)
+	}
+	// TryAcquire does not wait, so it is not counted.
+	if _, err := greedy.TryAcquire(t.Context()); !errors.Is(err, tokensem.ErrNoPermit) {
+		t.Fatalf("TryAcquire beside two waiters: %v", err)
+	}
+	other := openNATS(t, name)
+	got := make(chan error, 1)
+	go func() {
+		p, err := other.Acquire(semtest.Context(t, 20*time.Second))
+		if err == nil {
+			err = p.Release(context.Background())
+		}
+		got <- err
+	}()
+	waitFor(t, "the other handle's waiter queued", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.NumWaiting == 3
+	})
+	cancel() // the greedy handle's waiters leave; the other's stays queued
+	for range 2 {
+		if err := <-errs; !errors.Is(err, context.Canceled) {
+			t.Fatalf("greedy waiter: %v", err)
+		}
+	}
+	if err := held.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the other handle's waiter: %v", err)
+	}
+	if _, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name, natssem.WithMaxLocalWaiters(0)); !errors.Is(err, tokensem.ErrInvalidOption) {
+		t.Fatalf("WithMaxLocalWaiters(0): %v", err)
+	}
+}
+
 // TestWaiterOutlivesPullExpiry: a caller that waits longer than one pull
 // request lives re-issues it and still gets the permit.
 func TestWaiterOutlivesPullExpiry(t *testing.T) {
