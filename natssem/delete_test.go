@@ -3,8 +3,11 @@ package natssem_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/semtest"
@@ -54,4 +57,45 @@ func TestForceDeleteCutShort(t *testing.T) {
 		t.Errorf("holder: Err = %v, want ErrLeaseLost", p.Err())
 	}
 	t.Logf("the second ForceDelete returned after %v (lease %v); the holder learned %v", time.Since(start), lease, p.Err())
+}
+
+// TestDeleteWorkBoundedByRealSlots: an unsigned token naming the last slot
+// there can be, put in the stream of a 2-permit semaphore, makes Delete
+// close that slot and the real ones, not every slot up to it (it wrote
+// 901,501 records in 65 s before, and left the semaphore "being deleted").
+// The writes to the bucket are counted on the wire.
+func TestDeleteWorkBoundedByRealSlots(t *testing.T) {
+	const name = "delete-far-slot"
+	s := initNATS(t, name, 2)
+	far, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, tokensem.MaxPermits-1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rawPublish(t, name, far)
+	_ = s.Close()
+	watch := connect(t, srv.Addr().String())
+	var writes atomic.Int64
+	sub, err := watch.Subscribe("$KV."+natssem.BucketName(name)+".>", func(*nats.Msg) { writes.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := natssem.Delete(semtest.Context(t, 60*time.Second), connect(t, srv.Addr().String()), name); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The configuration's mark, the admin lock's records, the generation,
+	// and one closing write per slot: 0, 1 and the far one.
+	t.Logf("%d writes to the bucket", writes.Load())
+	if n := writes.Load(); n > 20 {
+		t.Fatalf("Delete wrote %d records to the bucket of a 2-permit semaphore", n)
+	}
+	if _, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name); !errors.Is(err, tokensem.ErrNotInitialized) {
+		t.Fatalf("Open after Delete: %v", err)
+	}
 }
