@@ -79,7 +79,7 @@ func (e permissionError) Error() string {
 	}
 	msg := fmt.Sprintf("natssem: %s: permission denied: the broker refused to let this user %s to %q", what, e.r.op, e.r.subject)
 	if e.r.op == "subscribe" {
-		msg += " (an inbox: give the user an inbox prefix of its own it may subscribe to, nats.CustomInboxPrefix)"
+		msg += " (an inbox: give the user an inbox prefix of its own that it may subscribe to: nats.CustomInboxPrefix, seminit --inbox-prefix)"
 	}
 	return msg
 }
