@@ -195,6 +195,64 @@ func adminCycle(t *testing.T, nc *nats.Conn, name string, opts ...natssem.Option
 	})
 }
 
+// waiterOutlivesRefusal checks that a refusal of another semaphore's
+// subject (refusedOp, on nc) does not end a call of semaphore name waiting
+// on the same connection: the waiter still gets the permit released after.
+func waiterOutlivesRefusal(t *testing.T, root, nc *nats.Conn, name string, refusedOp func(ctx context.Context) error, opts ...natssem.Option) {
+	t.Helper()
+	must(t, "a waiter of "+name+" outlives a refusal of another", func(ctx context.Context) error {
+		s, err := natssem.Open(ctx, nc, name, rightsOpts(opts...)...)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = s.Close() }()
+		var held []tokensem.Permit
+		for range s.Permits() {
+			p, err := s.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			held = append(held, p)
+		}
+		got := make(chan error, 1)
+		go func() {
+			p, err := s.Acquire(ctx)
+			if err == nil {
+				err = p.Release(ctx)
+			}
+			got <- err
+		}()
+		watch, err := natssem.Open(ctx, root, name, opts...)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = watch.Close() }()
+		for {
+			st, err := watch.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if st.Waiting > 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// Returns once the refusal was heard, and every guard on nc told.
+		if err := refusedOp(ctx); !errors.Is(err, tokensem.ErrPermissionDenied) {
+			t.Errorf("the other semaphore: err = %v, want tokensem.ErrPermissionDenied", err)
+		}
+		for _, p := range held {
+			if err := p.Release(ctx); err != nil {
+				return err
+			}
+		}
+		if err := <-got; err != nil {
+			t.Errorf("the waiter of %s: %v, want a permit", name, err)
+		}
+		return nil
+	})
+}
+
 // TestRightsLone: the roles of a lone semaphore A, and their refusals on B.
 func TestRightsLone(t *testing.T) {
 	srv := rightsServer(t)
@@ -232,6 +290,8 @@ func TestRightsLone(t *testing.T) {
 		}
 		return nil
 	})
+
+	waiterOutlivesRefusal(t, root, client, "A", openOp(client, "B"))
 
 	deleteOp := func(nc *nats.Conn, name string) func(ctx context.Context) error {
 		return func(ctx context.Context) error { return natssem.Delete(ctx, nc, name, rightsOpts()...) }
@@ -306,6 +366,8 @@ func TestRightsGroup(t *testing.T) {
 		}
 		return nil
 	})
+
+	waiterOutlivesRefusal(t, root, client, "k1", openOp(client, "k2", in), in)
 
 	deleteOp := func(nc *nats.Conn, name string, opts ...natssem.Option) func(ctx context.Context) error {
 		return func(ctx context.Context) error { return natssem.Delete(ctx, nc, name, rightsOpts(opts...)...) }
