@@ -27,8 +27,10 @@ import (
 // not end the wait: Acquire waits on through it until ctx ends.
 //
 // Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrTooManyWaiters,
-// tokensem.ErrNotInitialized (the semaphore was deleted), or a broker error
-// that waiting cannot cure (wrapping tokensem.ErrUnavailable).
+// tokensem.ErrNotInitialized (the semaphore was deleted),
+// tokensem.ErrPermissionDenied (the broker refused one of the semaphore's
+// subjects, named in the error), or a broker error that waiting cannot
+// cure (wrapping tokensem.ErrUnavailable).
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 	p, err := s.acquire(ctx, false)
 	if err != nil {
@@ -39,8 +41,9 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 
 // TryAcquire takes a free permit or returns tokensem.ErrNoPermit at once.
 //
-// Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a broker
-// error (wrapping tokensem.ErrUnavailable).
+// Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(),
+// tokensem.ErrPermissionDenied, or a broker error (wrapping
+// tokensem.ErrUnavailable).
 func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
 	p, err := s.acquire(ctx, true)
 	if err != nil {
@@ -78,6 +81,11 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		}
 		defer s.waiting.Add(-1)
 	}
+	// A refusal of one of the semaphore's subjects (a pull, an ack, a
+	// record write, an inbox the user may not use) ends the wait at once:
+	// the broker drops what it refuses without an answer.
+	ctx, stop := s.rights.guard(ctx, s, 0)
+	defer stop()
 	w, err := s.getWaiter(!noWait)
 	if err != nil {
 		return nil, err
@@ -240,7 +248,8 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 
 // transient reports whether err is a broker failure that waiting may cure:
 // one wrapping tokensem.ErrUnavailable, unless it says the semaphore, the
-// connection or JetStream itself is gone for good.
+// connection or JetStream itself is gone for good, or the broker refused
+// it for the user's permissions.
 func transient(err error) bool {
 	return errors.Is(err, tokensem.ErrUnavailable) &&
 		!errors.Is(err, tokensem.ErrNotInitialized) &&
@@ -248,6 +257,7 @@ func transient(err error) bool {
 		!errors.Is(err, nats.ErrBadSubscription) &&
 		!errors.Is(err, nats.ErrAuthorization) &&
 		!errors.Is(err, nats.ErrPermissionViolation) &&
+		!errors.Is(err, tokensem.ErrPermissionDenied) &&
 		!errors.Is(err, jetstream.ErrJetStreamNotEnabled) &&
 		!errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
 }

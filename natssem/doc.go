@@ -129,6 +129,18 @@
 // unset, they default to the smaller of tokensem.DefaultRequestTimeout and
 // a quarter of the lease.
 //
+// A publish or subscription the user's NATS permissions refuse is not
+// retried: natssem hears the server's permissions violation on the
+// connection's error handler (it puts itself in front of the handler the
+// connection has, which is still called) and ends the calls of the
+// semaphore whose stream, bucket, consumer or subject was refused, or every
+// call on the connection for a refused inbox, at once with an error that
+// wraps tokensem.ErrPermissionDenied and names the subject. A handler set
+// on the connection after the first Semaphore replaces natssem's; refusals
+// then show as timeouts. The permissions each role needs, and why each user
+// wants an inbox prefix of its own (nats.CustomInboxPrefix), are in
+// docs/permissions-nats.md.
+//
 // # Listing and deleting
 //
 // List reads the server's KV buckets. Delete marks the configuration

@@ -2,6 +2,7 @@ package natssem
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -51,10 +52,38 @@ func (e brokerError) Error() string   { return "natssem: " + e.err.Error() }
 func (e brokerError) Unwrap() []error { return []error{tokensem.ErrUnavailable, e.err} }
 
 // wrapBrokerErr marks err as a broker error (nil stays nil; an error that
-// already is one is returned as is).
+// already is one, or a refusal for the user's permissions, is returned as
+// is).
 func wrapBrokerErr(err error) error {
-	if err == nil || errors.Is(err, tokensem.ErrUnavailable) {
+	if err == nil || errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, tokensem.ErrPermissionDenied) {
 		return err
 	}
 	return brokerError{err}
+}
+
+// permissionError is a publish or subscription the broker refused for the
+// user's permissions (rights.go). It matches tokensem.ErrPermissionDenied
+// and nats.go's error, which wraps nats.ErrPermissionViolation.
+type permissionError struct {
+	name string // of the semaphore; "" for List
+	r    refusal
+}
+
+// refused returns the error of refusal r met by semaphore name.
+func refused(name string, r refusal) error { return permissionError{name, r} }
+
+func (e permissionError) Error() string {
+	what := "list"
+	if e.name != "" {
+		what = e.name
+	}
+	msg := fmt.Sprintf("natssem: %s: permission denied: the broker refused to let this user %s to %q", what, e.r.op, e.r.subject)
+	if e.r.op == "subscribe" {
+		msg += " (an inbox: give the user an inbox prefix of its own that it may subscribe to: nats.CustomInboxPrefix, seminit --inbox-prefix)"
+	}
+	return msg
+}
+
+func (e permissionError) Unwrap() []error {
+	return []error{tokensem.ErrPermissionDenied, e.r.err}
 }

@@ -56,7 +56,10 @@ func (s *Semaphore) listGroup(ctx context.Context) ([]tokensem.Info, error) {
 	case err != nil:
 		return nil, wrapBrokerErr(err)
 	}
-	w, err := kv.Watch(ctx, "*."+configKey, jetstream.IgnoreDeletes())
+	// The watch runs under a guard: a refused subject ends it at once.
+	gctx, stop := s.rights.guard(ctx, s, 0)
+	defer stop()
+	w, err := kv.Watch(gctx, "*."+configKey, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, wrapBrokerErr(err)
 	}
@@ -65,8 +68,8 @@ func (s *Semaphore) listGroup(ctx context.Context) ([]tokensem.Info, error) {
 	for {
 		var e jetstream.KeyValueEntry
 		select {
-		case <-ctx.Done():
-			return nil, wrapBrokerErr(fmt.Errorf("listing group %s: %w", s.lay.group, ctx.Err()))
+		case <-gctx.Done():
+			return nil, wrapBrokerErr(fmt.Errorf("listing group %s: %w", s.lay.group, gctx.Err()))
 		case e = <-w.Updates():
 		}
 		if e == nil {
@@ -83,7 +86,9 @@ func (s *Semaphore) listGroup(ctx context.Context) ([]tokensem.Info, error) {
 }
 
 func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
-	lctx, cancel := context.WithCancel(ctx)
+	// Guarded: a refusal ends the lister's requests (their contexts are
+	// derived from lctx) at once; retry then reports it.
+	lctx, cancel := s.rights.guard(ctx, s, 0)
 	defer cancel()
 	lister := s.js.KeyValueStoreNames(lctx)
 	var names []string

@@ -42,6 +42,7 @@ type Semaphore struct {
 	seeder   string // this client's id as the creator of a semaphore (Init)
 	waitPull []byte // body of a waiting pull request
 	returned *handbacks
+	rights   *watcher      // of the connection's permission refusals
 	slots    *slotStore    // set once the bucket is found
 	lockTTL  time.Duration // see lock
 	// releaseWait bounds a claim's wait for a release it cannot see yet,
@@ -223,10 +224,21 @@ func (s *Semaphore) requestTimeout() time.Duration {
 // retry runs step until it succeeds, fails for good, or ctx ends: a broker
 // that does not answer for a while (a stream electing a leader, a cluster
 // placing new replicas) is waited out. Init, Open and a census are
-// idempotent.
+// idempotent. A step that timed out while the broker refused one of the
+// semaphore's subjects fails for good with that refusal.
 func (s *Semaphore) retry(ctx context.Context, what string, step func() error) error {
 	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.done, transient,
-		func(err error) { s.log.Warn(what+": the broker did not answer; retrying", "err", err) }, step)
+		func(err error) { s.log.Warn(what+": the broker did not answer; retrying", "err", err) },
+		func() error {
+			start := time.Now()
+			err := step()
+			if transient(err) {
+				if perr := s.rights.refusedSince(start, s); perr != nil {
+					return perr
+				}
+			}
+			return err
+		})
 }
 
 func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
@@ -256,6 +268,7 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		pullSubj:    "$JS.API.CONSUMER.MSG.NEXT." + lay.stream + "." + lay.consumer,
 		seeder:      ids.New(),
 		returned:    newHandbacks(nc),
+		rights:      watch(nc),
 		waitPull:    mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
 		done:        make(chan struct{}),
 		lockTTL:     defaultLockTTL,
@@ -263,9 +276,11 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 	}, nil
 }
 
-// rtt returns a context bounded by the request timeout for one round trip.
+// rtt returns a context bounded by the request timeout for one round trip,
+// and ended at once, with an error wrapping tokensem.ErrPermissionDenied,
+// when the broker refuses one of the semaphore's subjects (rights.go).
 func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.requestTimeout())
+	return s.rights.guard(ctx, s, s.requestTimeout())
 }
 
 func (s *Semaphore) setBucket(kv jetstream.KeyValue) {

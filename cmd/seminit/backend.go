@@ -116,6 +116,8 @@ func connectAMQP(ctx context.Context, g *globals, us []*url.URL) (backend, error
 		return nil, usageErr{errors.New("--creds applies to nats:// only: RabbitMQ takes a user and password")}
 	case g.group != "":
 		return nil, usageErr{errors.New("--group applies to nats:// only: a RabbitMQ semaphore is a quorum queue of its own")}
+	case g.inbox != "":
+		return nil, usageErr{errors.New("--inbox-prefix applies to nats:// only")}
 	}
 	if cr.userpass {
 		for _, u := range us {
@@ -226,6 +228,13 @@ func connectNATS(ctx context.Context, g *globals, us []*url.URL) (backend, error
 		return nil, err
 	}
 	opts := []nats.Option{nats.Name("seminit"), nats.Timeout(timeout)}
+	if g.inbox != "" {
+		inbox := nats.CustomInboxPrefix(g.inbox)
+		if err := inbox(&nats.Options{}); err != nil { // nats.go's own check
+			return nil, usageErr{fmt.Errorf("--inbox-prefix %q: want a subject without wildcards or a trailing '.': %w", g.inbox, err)}
+		}
+		opts = append(opts, inbox)
+	}
 	if cr.userpass || cr.tokenSource != "" || cr.creds != "" {
 		// nats.go prefers the URL's userinfo to its options.
 		for _, u := range us {

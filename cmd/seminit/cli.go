@@ -51,6 +51,11 @@ Flags common to every verb but server:
   --group G        nats:// only: the semaphore named is a key of group G, whose
                    keys share one stream and one KV bucket (natssem.WithGroup);
                    list then lists the keys of G. Default $TOKENSEM_GROUP
+  --inbox-prefix P nats:// only: the prefix of this client's reply subjects
+                   (nats.CustomInboxPrefix; default _INBOX). Give each user a
+                   prefix of its own and let it subscribe to P.> alone, so that
+                   no user reads another's replies (docs/permissions-nats.md).
+                   Default $TOKENSEM_INBOX_PREFIX
 
 Credentials and TLS (common to the same verbs; credentials in the URL,
 nats://user:pass@host or amqp://user:pass@host, work too; these flags win):
@@ -111,6 +116,7 @@ type globals struct {
 	timeoutSet bool
 	keyFile    string
 	group      string // --group: NATS semaphores are keys of this group
+	inbox      string // --inbox-prefix: NATS reply subjects' prefix
 
 	// Credentials; empty means not given. See password and token for the
 	// environment fallbacks.
@@ -150,6 +156,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&g.keyFile, "key-file", "", "token signing key file")
 	fs.StringVar(&g.group, "group", os.Getenv("TOKENSEM_GROUP"), "NATS: the semaphore is a key of this group (one stream and bucket for many)")
+	fs.StringVar(&g.inbox, "inbox-prefix", os.Getenv("TOKENSEM_INBOX_PREFIX"), "NATS: prefix of this client's reply subjects (default _INBOX)")
 	fs.StringVar(&g.user, "user", "", "user name")
 	fs.StringVar(&g.passwordFlag, "password", "", "password (else $TOKENSEM_PASSWORD)")
 	fs.StringVar(&g.tokenFlag, "token", "", "NATS token (else $TOKENSEM_TOKEN)")
