@@ -165,10 +165,12 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 	ch := pc.ch
 	tag := "tokensem-" + tokensem.NewToken(s.name, 0, 1).ID
 	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
-	if err != nil {
-		if isCode(err, amqp.NotFound) {
-			return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
-		}
+	switch {
+	case isCode(err, amqp.NotFound):
+		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+	case denied(err):
+		return nil, fmt.Errorf("amqpsem: wait for a token of %s: %w", s.name, err)
+	case err != nil:
 		return nil, errRetry{backoff: true}
 	}
 	// The orphan check runs apart from the wait (startOrphanCheck), so
@@ -226,6 +228,8 @@ func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error)
 	switch {
 	case isCode(err, amqp.NotFound):
 		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+	case denied(err):
+		return nil, fmt.Errorf("amqpsem: take a token of %s: %w", s.name, err)
 	case err != nil:
 		return nil, errRetry{backoff: true}
 	case !ok:

@@ -485,13 +485,13 @@ func (inv *Inventory) publish(ctx context.Context, tok tokensem.Token) error {
 	if err != nil {
 		return err
 	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", QueueName(s.name), true, false, amqp.Publishing{
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName(s.name), QueueName(s.name), true, false, amqp.Publishing{
 		DeliveryMode: amqp.Persistent, ContentType: "text/plain", MessageId: tok.ID, Body: b,
 	})
 	if err != nil {
 		return wrapBrokerErr(fmt.Sprintf("issue slot %d", tok.Index), err)
 	}
-	return s.c.waitConfirms(ctx, []*amqp.DeferredConfirmation{dc})
+	return s.c.waitConfirms(ctx, ch, []*amqp.DeferredConfirmation{dc})
 }
 
 // publishChannel returns the run's confirm-mode channel, opening it on the
@@ -505,6 +505,11 @@ func (inv *Inventory) publishChannel(ctx context.Context) (*channel, error) {
 	ch, err := inv.s.c.confirmChannel(ctx)
 	if err != nil {
 		return nil, err
+	}
+	q := QueueName(inv.s.name)
+	if err := inv.s.c.rpc(ctx, ch, func() error { return inv.s.bind(ch, q) }, nil); err != nil {
+		_ = ch.Close()
+		return nil, wrapBrokerErr("bind "+q+" to its exchange", err)
 	}
 	inv.pub = ch
 	return ch, nil

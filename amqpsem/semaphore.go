@@ -210,12 +210,13 @@ func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 
 // transient reports whether err is a broker failure that trying again may
 // cure: one wrapping tokensem.ErrUnavailable that does not say the
-// semaphore is gone, the credentials are refused, or the lock the work
-// ran under is lost (only taking the lock again cures that: see
-// retryLocking).
+// semaphore is gone, the credentials or the operation are refused, or the
+// lock the work ran under is lost (only taking the lock again cures that:
+// see retryLocking).
 func transient(err error) bool {
 	return errors.Is(err, tokensem.ErrUnavailable) && !errors.Is(err, tokensem.ErrNotInitialized) &&
 		!errors.Is(err, tokensem.ErrClosed) && !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS) &&
+		!errors.Is(err, tokensem.ErrPermissionDenied) &&
 		!errors.Is(err, errLockLost)
 }
 
