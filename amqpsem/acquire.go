@@ -77,6 +77,13 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if !noWait {
+		leave, err := s.enterWait()
+		if err != nil {
+			return nil, err
+		}
+		defer leave()
+	}
 	pause := 20 * time.Millisecond
 	oc := s.newOrphanCheck()
 	for tries := 0; ; tries++ {
@@ -157,6 +164,22 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			pause = min(2*pause, time.Second)
 		}
 	}
+}
+
+// enterWait counts a caller of Acquire among the waiters of the Conn and
+// of the Semaphore, or returns tokensem.ErrTooManyWaiters when either is
+// full (see WithMaxConnWaiters, WithMaxWaiters); leave uncounts it.
+func (s *Semaphore) enterWait() (leave func(), err error) {
+	if n := s.c.waiters.Add(1); n > int64(s.c.maxWaiters) {
+		s.c.waiters.Add(-1)
+		return nil, fmt.Errorf("%w: %d callers already wait in Acquire on this connection (WithMaxConnWaiters)", tokensem.ErrTooManyWaiters, n-1)
+	}
+	if n := s.waiters.Add(1); s.opts.maxWaiters > 0 && n > int64(s.opts.maxWaiters) {
+		s.waiters.Add(-1)
+		s.c.waiters.Add(-1)
+		return nil, fmt.Errorf("%w: %d callers already wait in Acquire on %s (WithMaxWaiters)", tokensem.ErrTooManyWaiters, n-1, s.name)
+	}
+	return func() { s.waiters.Add(-1); s.c.waiters.Add(-1) }, nil
 }
 
 // wait consumes the token queue until one delivery arrives, checking for

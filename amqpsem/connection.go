@@ -36,6 +36,9 @@ type Conn struct {
 	heartbeat time.Duration
 	log       *slog.Logger
 
+	maxWaiters int          // WithMaxConnWaiters
+	waiters    atomic.Int64 // callers waiting in Acquire (see Semaphore.enterWait)
+
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex // per semaphore: the lock queue excludes other connections only
 	cur     *session

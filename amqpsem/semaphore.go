@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokensem/tokensem"
@@ -37,6 +38,8 @@ type Semaphore struct {
 	// ErrClosed, and the Semaphore's own goroutines stop.
 	life context.Context
 	end  context.CancelFunc
+
+	waiters atomic.Int64 // callers waiting in Acquire (see enterWait)
 
 	orphanMu  sync.Mutex     // guards orphanRun and orphanAt (see startOrphanCheck)
 	orphanRun bool           // a check is running
