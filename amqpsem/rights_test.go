@@ -413,3 +413,55 @@ func TestExtraConfigRecordRefused(t *testing.T) {
 		defer s.Close()
 	}
 }
+
+// TestClaimSquatting: a client of a semaphore that holds the exclusive
+// consumers of its slots' claim queues, with no token, keeps every
+// acquirer out while the tokens lie ready. Status reports it unhealthy,
+// saying so, and a repair refuses (ErrClaimsSquatted) instead of taking
+// the ready tokens for duplicates of held slots and removing them; once
+// the squatter goes, the semaphore is whole.
+func TestClaimSquatting(t *testing.T) {
+	vhost, guestURL := rightsVhost(t)
+	n := "squat"
+	ctx := semtest.Context(t, 2*time.Minute)
+	s, err := amqpsem.Init(ctx, dialURL(t, guestURL), n, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	squatter, err := amqp.Dial(rightsUser(t, vhost, amqpsem.ClientPermissions(n)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer squatter.Close()
+	ch, err := squatter.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := ch.Consume(fmt.Sprintf("tokensem.%s.claim.%d", n, i), "", false, true, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := s.Status(ctx)
+	if err != nil || st.Healthy || !strings.Contains(strings.Join(st.Warnings, "\n"), "held by connections that hold no token") {
+		t.Errorf("status while squatted: %+v, %v; want unhealthy, saying why", st, err)
+	}
+	if _, err := reconciler.Run(ctx, s.Inventory(), true); !errors.Is(err, amqpsem.ErrClaimsSquatted) {
+		t.Errorf("repair while squatted: %v, want ErrClaimsSquatted", err)
+	}
+	_ = squatter.Close()
+	for {
+		st, err = s.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Held == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !st.Healthy || st.Available != 2 {
+		t.Errorf("status once the squatter left: %+v", st)
+	}
+}
