@@ -465,3 +465,22 @@ func TestClaimSquatting(t *testing.T) {
 		t.Errorf("status once the squatter left: %+v", st)
 	}
 }
+
+// TestPermissionsDoc: docs/permissions-rabbitmq.md gives each role's
+// permissions as these functions return them.
+func TestPermissionsDoc(t *testing.T) {
+	doc, err := os.ReadFile("../docs/permissions-rabbitmq.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for role, p := range map[string]amqpsem.Permissions{
+		"client":   amqpsem.ClientPermissions("A"),
+		"admin":    amqpsem.AdminPermissions("A"),
+		"operator": amqpsem.OperatorPermissions(),
+	} {
+		want := fmt.Sprintf("USER \\\n  '%s' \\\n  '%s' \\\n  '%s'\n", p.Configure, p.Write, p.Read)
+		if !strings.Contains(string(doc), want) {
+			t.Errorf("the doc does not give the %s's permissions as\n%s", role, want)
+		}
+	}
+}
