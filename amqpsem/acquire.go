@@ -77,6 +77,13 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if !noWait {
+		leave, err := s.enterWait()
+		if err != nil {
+			return nil, err
+		}
+		defer leave()
+	}
 	pause := 20 * time.Millisecond
 	oc := s.newOrphanCheck()
 	for tries := 0; ; tries++ {
@@ -159,16 +166,34 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	}
 }
 
+// enterWait counts a caller of Acquire among the waiters of the Conn and
+// of the Semaphore, or returns tokensem.ErrTooManyWaiters when either is
+// full (see WithMaxConnWaiters, WithMaxWaiters); leave uncounts it.
+func (s *Semaphore) enterWait() (leave func(), err error) {
+	if n := s.c.waiters.Add(1); n > int64(s.c.maxWaiters) {
+		s.c.waiters.Add(-1)
+		return nil, fmt.Errorf("%w: %d callers already wait in Acquire on this connection (WithMaxConnWaiters)", tokensem.ErrTooManyWaiters, n-1)
+	}
+	if n := s.waiters.Add(1); s.opts.maxWaiters > 0 && n > int64(s.opts.maxWaiters) {
+		s.waiters.Add(-1)
+		s.c.waiters.Add(-1)
+		return nil, fmt.Errorf("%w: %d callers already wait in Acquire on %s (WithMaxWaiters)", tokensem.ErrTooManyWaiters, n-1, s.name)
+	}
+	return func() { s.waiters.Add(-1); s.c.waiters.Add(-1) }, nil
+}
+
 // wait consumes the token queue until one delivery arrives, checking for
 // orphaned tokens when oc says so.
 func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck) (*Permit, error) {
 	ch := pc.ch
 	tag := "tokensem-" + tokensem.NewToken(s.name, 0, 1).ID
 	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
-	if err != nil {
-		if isCode(err, amqp.NotFound) {
-			return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
-		}
+	switch {
+	case isCode(err, amqp.NotFound):
+		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+	case denied(err):
+		return nil, fmt.Errorf("amqpsem: wait for a token of %s: %w", s.name, err)
+	case err != nil:
 		return nil, errRetry{backoff: true}
 	}
 	// The orphan check runs apart from the wait (startOrphanCheck), so
@@ -226,6 +251,8 @@ func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error)
 	switch {
 	case isCode(err, amqp.NotFound):
 		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+	case denied(err):
+		return nil, fmt.Errorf("amqpsem: take a token of %s: %w", s.name, err)
 	case err != nil:
 		return nil, errRetry{backoff: true}
 	case !ok:

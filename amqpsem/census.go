@@ -2,6 +2,7 @@ package amqpsem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -9,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -71,8 +73,54 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 		if w := orphanWarning(st); w != "" {
 			st.Warnings = append(st.Warnings, w)
 		}
+		n, err := s.squatted(ctx, held, waiting)
+		if err != nil {
+			return tokensem.Status{}, err
+		}
+		if n > 0 {
+			st.Healthy = false
+			st.Warnings = append(st.Warnings, squatWarning(n))
+		}
 	}
 	return st, nil
+}
+
+// ErrClaimsSquatted fails a reconcile (Inventory.Census) while slot
+// claims are held by connections that hold no token (see Status): it
+// could not tell a held slot's duplicate token from a squatted slot's
+// only one, and would remove the latter.
+var ErrClaimsSquatted = errors.New("amqpsem: slot claims held without a token (squatted)")
+
+// squatted returns how many slots are claimed by connections that hold no
+// token of a quorum token queue: every holder holds a token unacked, which
+// the queue counts as a consumer, so more claims than consumers are
+// claims without a token. A client of the semaphore may hold its claim
+// queues' exclusive consumers, or declare a missing one exclusive, and
+// keep the slots from every acquirer while their tokens lie ready; a
+// repair's or a quarantine's hold looks the same while it lasts. Counts
+// can lag a moment, so it looks twice, 250 ms apart.
+func (s *Semaphore) squatted(ctx context.Context, held []int, consumers int) (int, error) {
+	if len(held) <= consumers {
+		return 0, nil
+	}
+	if err := backoff.Sleep(ctx, 250*time.Millisecond); err != nil {
+		return 0, err
+	}
+	info, _, err := s.queueInfo(ctx, QueueName(s.name))
+	if err != nil {
+		return 0, err
+	}
+	again, err := s.readClaims(ctx, held)
+	if err != nil {
+		return 0, err
+	}
+	return max(0, len(again)-info.Consumers), nil
+}
+
+func squatWarning(n int) string {
+	return fmt.Sprintf("%d slot claim(s) are held by connections that hold no token (claim queues squatted by a client of the semaphore, "+
+		"or a repair or quarantine under way): acquirers of those slots are refused until they let go; "+
+		"rabbitmqctl list_consumers shows the channels holding the tokensem.NAME.claim.I queues", n)
 }
 
 // orphanWarning says when the census suggests tokens checked out to

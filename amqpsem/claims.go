@@ -79,7 +79,10 @@ func (s *Semaphore) claimSlot(ctx context.Context, pc *pooledChannel, index int,
 	case <-pc.sess.lost:
 		return errRetry{}
 	}
-	if qu.err != nil {
+	switch {
+	case denied(qu.err):
+		return qu.err // the user may not make the claim queue: an admin's repair must
+	case qu.err != nil:
 		return errRetry{backoff: true} // someone else's quarantine, or a broker error: try again later
 	}
 	_, err = pc.ch.Consume(q, claimTag, false, true, false, false, nil)

@@ -353,12 +353,15 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	var (
-		d  amqp.Delivery
-		ok bool
-		q  amqp.Queue
+		d     amqp.Delivery
+		ok    bool
+		q     amqp.Queue
+		extra bool // a second message came
 	)
 	err = s.c.rpc(rctx, ch, func() error {
-		if err := ch.Qos(1, 0, false); err != nil {
+		// Prefetch 2: a second message, which no writer leaves, is pushed
+		// along with the first (see checkSingle).
+		if err := ch.Qos(2, 0, false); err != nil {
 			return err
 		}
 		tag := "tokensem-config-" + ids.New()
@@ -373,7 +376,8 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		case <-t.C:
 		}
 		if ok {
-			return nil
+			extra, err = s.checkSingle(ch, tag, ds)
+			return err
 		}
 		// Nothing came: is the message held by a reader (a quorum queue
 		// counts the holder as a consumer), or is there none?
@@ -388,6 +392,8 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		return config{}, false, s.noConfigQueue(ctx)
 	case err != nil:
 		return config{}, false, wrapBrokerErr("reading the configuration of "+s.name, err)
+	case ok && extra:
+		return config{}, false, invalidConfig(s.name, errExtraRecord)
 	case ok:
 		cfg, err := decodeConfig(s.name, d.Body)
 		return cfg, err == nil, err
@@ -406,6 +412,40 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		return config{}, false, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
 	}
 	return config{}, false, nil
+}
+
+// errExtraRecord says that a configuration queue holds more than one
+// message: no writer leaves two (see config), so someone else published
+// one, and which is current cannot be told.
+var errExtraRecord = stored.Invalid("the configuration queue holds more than one message (published by someone other than amqpsem's writers?)")
+
+// checkSingle reports whether the configuration queue, one message of
+// which this reader holds (delivered on ds to consumer tag, prefetch 2),
+// holds another: a second message delivered before the consumer's cancel,
+// or a message the queue counts ready once the counts have settled (a
+// count may lag a requeue for a moment). A second message held by another
+// reader at this instant is found by a later read, or by a writer.
+func (s *Semaphore) checkSingle(ch *channel, tag string, ds <-chan amqp.Delivery) (bool, error) {
+	if err := ch.Cancel(tag, false); err != nil {
+		return false, err
+	}
+	extra := false
+	for range ds { // amqp091 closes it once the buffered ones are out
+		extra = true
+	}
+	if extra {
+		return true, nil
+	}
+	for try := 0; ; try++ {
+		q, err := ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
+		if err != nil || q.Messages == 0 {
+			return false, err
+		}
+		if try > 0 {
+			return true, nil
+		}
+		time.Sleep(configWait)
+	}
 }
 
 // noConfigQueue says why there is no configuration queue: no semaphore
@@ -491,13 +531,16 @@ func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string
 		if _, err := ch.QueueDeclare(q, true, false, false, false, configQueueArgs(version)); err != nil {
 			return err
 		}
-		dc, err = ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, configMessage(cfg))
+		if err := s.bind(ch, q); err != nil {
+			return err
+		}
+		dc, err = ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName(s.name), q, true, false, configMessage(cfg))
 		return err
 	}, nil)
 	if err != nil {
 		return wrapBrokerErr("creating the configuration of "+s.name, err)
 	}
-	return s.c.waitConfirms(ctx, []*amqp.DeferredConfirmation{dc})
+	return s.c.waitConfirms(ctx, ch, []*amqp.DeferredConfirmation{dc})
 }
 
 func configMessage(cfg config) amqp.Publishing {
@@ -506,8 +549,19 @@ func configMessage(cfg config) amqp.Publishing {
 
 // writeConfig replaces the stored configuration with next, under the
 // creation lock: it takes the current message and, in one transaction,
-// publishes next and acknowledges the old one.
+// publishes next and acknowledges the old one. A queue that holds more
+// than that message is refused (errExtraRecord): see replaceConfig.
 func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
+	return s.writeConfigAll(ctx, next, false)
+}
+
+// replaceConfig is writeConfig that replaces every message the queue holds
+// (ForceDelete of an invalid configuration).
+func (s *Semaphore) replaceConfig(ctx context.Context, next config) error {
+	return s.writeConfigAll(ctx, next, true)
+}
+
+func (s *Semaphore) writeConfigAll(ctx context.Context, next config, all bool) error {
 	if err := next.checkSize(s.name); err != nil {
 		return err
 	}
@@ -515,7 +569,7 @@ func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
 	defer cancel()
 	pause := backoff.Backoff{Min: 2 * time.Millisecond, Max: 50 * time.Millisecond}
 	for {
-		done, err := s.writeConfigOnce(ctx, next)
+		done, err := s.writeConfigOnce(ctx, next, all)
 		if done || err != nil && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)) {
 			return err
 		}
@@ -530,26 +584,44 @@ func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
 
 // writeConfigOnce is one try of writeConfig: done false and no error means
 // a reader held the message.
-func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (bool, error) {
+func (s *Semaphore) writeConfigOnce(ctx context.Context, next config, all bool) (bool, error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer ch.Close() // before a commit: rolls back, and the old message returns
 	q := configQueue(s.name)
-	var done bool
+	var done, extra bool
 	err = s.c.rpc(ctx, ch, func() error {
+		if err := s.bind(ch, q); err != nil {
+			return err
+		}
 		d, ok, err := ch.Get(q, false)
 		if err != nil || !ok {
 			return err
 		}
+		if d.MessageCount > 0 && !all {
+			extra = true
+			return nil
+		}
 		if err := ch.Tx(); err != nil {
 			return err
 		}
-		if err := ch.PublishWithContext(ctx, "", q, true, false, configMessage(next)); err != nil {
+		for all {
+			_, ok, err := ch.Get(q, false)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				break
+			}
+		}
+		if err := ch.PublishWithContext(ctx, exchangeName(s.name), q, true, false, configMessage(next)); err != nil {
 			return err
 		}
-		if err := d.Ack(false); err != nil {
+		// Every message taken: the one this write replaces and, for all,
+		// the others.
+		if err := ch.Ack(0, true); err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
@@ -561,8 +633,11 @@ func (s *Semaphore) writeConfigOnce(ctx context.Context, next config) (bool, err
 		done = true
 		return nil
 	}, nil)
-	if err != nil {
+	switch {
+	case err != nil:
 		return false, wrapBrokerErr("writing the configuration of "+s.name, err)
+	case extra:
+		return false, invalidConfig(s.name, errExtraRecord)
 	}
 	return done, nil
 }

@@ -36,6 +36,9 @@ type Conn struct {
 	heartbeat time.Duration
 	log       *slog.Logger
 
+	maxWaiters int          // WithMaxConnWaiters
+	waiters    atomic.Int64 // callers waiting in Acquire (see Semaphore.enterWait)
+
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex // per semaphore: the lock queue excludes other connections only
 	cur     *session
@@ -65,18 +68,24 @@ const lossGrace = 100 * time.Millisecond
 // markLost tells everything on s (permits, waiters) that it is gone.
 func (s *session) markLost() { s.lostMu.Do(func() { close(s.lost) }) }
 
-// waitConfirms waits for publisher confirms. A wait cut short while the
-// broker blocks publishing says so (ErrBlocked).
-func (c *Conn) waitConfirms(ctx context.Context, pending []*amqp.DeferredConfirmation) error {
+// waitConfirms waits for the publisher confirms of publishes on ch. A wait
+// cut short while the broker blocks publishing says so (ErrBlocked); a
+// publish the broker refused for the user's permissions is a
+// permissionError.
+func (c *Conn) waitConfirms(ctx context.Context, ch *channel, pending []*amqp.DeferredConfirmation) error {
 	for _, dc := range pending {
 		ok, err := dc.WaitContext(ctx)
 		if err != nil {
 			if reason := c.blockedReason(); reason != "" {
 				return fmt.Errorf("%w (%s): waiting for a publisher confirm: %w", ErrBlocked, reason, err)
 			}
-			return wrapBrokerErr("waiting for a publisher confirm", err)
+			return wrapBrokerErr("waiting for a publisher confirm", ch.refused(err))
 		}
 		if !ok {
+			// A channel the broker closed nacks what it had not confirmed.
+			if err := ch.refused(amqp.ErrClosed); denied(err) {
+				return err
+			}
 			return errors.New("amqpsem: the broker refused (nacked) a publish")
 		}
 	}
@@ -260,7 +269,7 @@ func (c *Conn) channel(ctx context.Context) (*channel, *session, error) {
 		ch, err := c.openChannel(ctx, s)
 		switch {
 		case err == nil:
-			return &channel{Channel: ch}, s, nil
+			return newChannel(ch), s, nil
 		case ctx.Err() != nil:
 			return nil, nil, fmt.Errorf("amqpsem: opening a channel: %w", ctx.Err())
 		case s.conn.IsClosed() || errors.Is(err, amqp.ErrClosed):
@@ -275,7 +284,7 @@ func (c *Conn) channel(ctx context.Context) (*channel, *session, error) {
 		}
 		ch, err := c.openChannel(ctx, s)
 		if err == nil {
-			return &channel{Channel: ch}, s, nil
+			return newChannel(ch), s, nil
 		}
 		if ctx.Err() != nil {
 			return nil, nil, fmt.Errorf("amqpsem: opening a channel: %w", ctx.Err())

@@ -47,7 +47,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 		HoldBoundMS: bound.Milliseconds(), FenceBase: nextFenceBase(after), Issued: permits}
 	// Registered first: every semaphore that exists has an entry (see
 	// registry.go).
-	if err := s.register(ctx, sess.version); err != nil {
+	if err := s.register(ctx); err != nil {
 		return config{}, err
 	}
 	if prev == nil {
@@ -73,6 +73,9 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 		if err := ctx.Err(); err != nil {
 			return err // abandoned: the lock may have passed to another Init
 		}
+		if err := s.bind(ch, q); err != nil {
+			return err
+		}
 		if _, err := ch.QueuePurge(q, false); err != nil {
 			return err
 		}
@@ -90,7 +93,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 			if err != nil {
 				return config{}, err
 			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName(s.name), q, true, false, amqp.Publishing{
 				DeliveryMode: amqp.Persistent, ContentType: "text/plain", MessageId: tok.ID, Body: b,
 			})
 			if err != nil {
@@ -98,7 +101,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 			}
 			pending = append(pending, dc)
 		}
-		if err := s.c.waitConfirms(ctx, pending); err != nil {
+		if err := s.c.waitConfirms(ctx, ch, pending); err != nil {
 			return config{}, err
 		}
 	}

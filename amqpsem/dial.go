@@ -33,6 +33,28 @@ const handshakeTimeout = 10 * time.Second
 // DialOption configures Dial.
 type DialOption func(*Conn) error
 
+// DefaultMaxConnWaiters is how many callers may wait in Acquire at once on
+// one Conn, across its semaphores: each waits on a channel of its own, and
+// RabbitMQ's default channel_max is 2,047 per connection, holders' channels
+// included.
+const DefaultMaxConnWaiters = 1024
+
+// WithMaxConnWaiters caps the callers waiting in Acquire at once on the
+// Conn, across all its semaphores (default DefaultMaxConnWaiters,
+// 1..65,535); one more fails at once with tokensem.ErrTooManyWaiters.
+// TryAcquire never waits and is not counted. The broker cannot cap waiters
+// across clients: bound what one user can take with RabbitMQ's user limits
+// (max-connections, max-channels; see docs/permissions-rabbitmq.md).
+func WithMaxConnWaiters(n int) DialOption {
+	return func(c *Conn) error {
+		if n < 1 || n > 65535 {
+			return fmt.Errorf("%w: max waiters %d (want 1..65535)", tokensem.ErrInvalidOption, n)
+		}
+		c.maxWaiters = n
+		return nil
+	}
+}
+
 // WithHeartbeat sets the AMQP heartbeat (whole seconds, at least 1s; default
 // DefaultHeartbeat). A frozen or partitioned holder loses its permit about
 // two heartbeats after it went silent. The Conn's watchdog tells a holder
@@ -123,7 +145,7 @@ func Dial(ctx context.Context, url string, opts ...DialOption) (*Conn, error) {
 }
 
 func newConn(addrs []address, tls *tls.Config, heartbeat time.Duration, log *slog.Logger) *Conn {
-	return &Conn{addrs: addrs, tls: tls, heartbeat: heartbeat, log: log,
+	return &Conn{addrs: addrs, tls: tls, heartbeat: heartbeat, log: log, maxWaiters: DefaultMaxConnWaiters,
 		locks: make(map[string]*sync.Mutex), changed: make(chan struct{}), done: make(chan struct{})}
 }
 

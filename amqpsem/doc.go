@@ -14,7 +14,19 @@
 //   - one classic claim queue tokensem.NAME.claim.I per slot, declared by
 //     Init before the first token exists, and the exclusive queue
 //     tokensem.NAME.lock while an Init, a resize, a reconcile or a delete
-//     runs.
+//     runs;
+//   - the direct exchange tokensem.NAME.x, bound to the token and
+//     configuration queues, through which every publish goes (a semaphore
+//     made before it existed gets it at its first write).
+//
+// Names cannot contain '.', so one regular expression per semaphore covers
+// its resources and no other's: an admin of one semaphore needs no right on
+// amq.default or on any other semaphore's queues, and a client needs no
+// write at all. ClientPermissions, AdminPermissions and OperatorPermissions
+// give each role's RabbitMQ permissions (docs/permissions-rabbitmq.md). An
+// operation the broker refuses for the user's permissions fails at once,
+// without retries, with an error wrapping tokensem.ErrPermissionDenied that
+// names the permission and the resource.
 //
 // Semaphores made by an older amqpsem, which kept the configuration as
 // copies in the classic queue tokensem.NAME.config, are moved to the quorum
@@ -154,8 +166,12 @@
 // # Listing and deleting
 //
 // AMQP cannot list queues, so Init registers every semaphore it creates in
-// a registry queue, and List reads it (see registry.go for how it stays
-// right under concurrent Init, List and Delete). Delete and ForceDelete
+// a registry queue, through the registry's exchange, and List reads it
+// (see registry.go for how it stays right under concurrent Init, List and
+// Delete). List sets the registry up; an admin of one semaphore may only
+// publish to its exchange. Delete removes the semaphore's entries if it
+// may, waiting at most the request timeout for the registry's lock, and
+// leaves them to List otherwise. Delete and ForceDelete
 // remove the semaphore's queues and its registry entries under its
 // creation lock, which Init takes too; Delete first takes every slot's
 // claim consumer itself, so that it refuses while a permit is held and no
@@ -197,6 +213,15 @@
 //     its fence still tells it apart. Delete refuses it.
 //   - registry entries: at most 256 bytes, JSON naming a valid name; List
 //     drops any other at once.
+//   - the configuration queue holds exactly one message: a reader that is
+//     delivered a second one, or sees one counted ready while it holds the
+//     first, and a writer whose basic.get leaves one, refuse the semaphore
+//     as invalid (amqpsem's writers never leave two), as above.
+//   - claims held without a token (a client consuming the claim queues
+//     exclusively keeps the slots from every acquirer): Status reports the
+//     semaphore unhealthy, saying so, and a reconcile fails with
+//     ErrClaimsSquatted rather than remove the ready tokens as duplicates.
+//     It cannot be prevented: claiming needs read on the claim queues.
 //
 // # Cancellation
 //
@@ -222,6 +247,10 @@
 // and ErrBlocked among them, matches tokensem.ErrUnavailable.
 //
 // # Limits
+//
+// Callers waiting in Acquire are capped per Conn (WithMaxConnWaiters)
+// and per Semaphore (WithMaxWaiters): one more fails with
+// tokensem.ErrTooManyWaiters.
 //
 // RabbitMQ has no lease: a holder keeps its permit until it releases, its
 // connection drops, or the broker's consumer_timeout (30 minutes by

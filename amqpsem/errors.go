@@ -55,14 +55,19 @@ func (e brokerError) Error() string   { return "amqpsem: " + e.what + ": " + e.e
 func (e brokerError) Unwrap() []error { return []error{tokensem.ErrUnavailable, e.err} }
 
 // wrapBrokerErr marks err, from what, as a broker error (nil stays nil; an
-// error that already matches tokensem.ErrUnavailable, or says the
-// semaphore does not exist, gets only the context).
+// error that already matches tokensem.ErrUnavailable, says the semaphore
+// does not exist, or is a permission refusal, which no retry cures, gets
+// only the context).
 func wrapBrokerErr(what string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, tokensem.ErrUnavailable), errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrClosed):
+	case errors.Is(err, tokensem.ErrUnavailable), errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrClosed),
+		errors.Is(err, tokensem.ErrPermissionDenied):
 		return fmt.Errorf("amqpsem: %s: %w", what, err)
+	}
+	if _, ok := isRefused(err); ok {
+		return fmt.Errorf("amqpsem: %s: %w", what, refusal(what, err))
 	}
 	return brokerError{what, err}
 }

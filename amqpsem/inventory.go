@@ -135,6 +135,9 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 	if err != nil {
 		return reconciler.Census{}, err
 	}
+	if err := s.checkSquatted(ctx, cfg); err != nil {
+		return reconciler.Census{}, err
+	}
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return reconciler.Census{}, err
@@ -166,6 +169,34 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 	inv.latest = c
 	inv.mu.Unlock()
 	return c, nil
+}
+
+// checkSquatted fails with ErrClaimsSquatted when slot claims are held
+// without a token (see Semaphore.squatted): the census would take a
+// squatted slot's ready token for a duplicate of a held one, and a repair
+// would remove it. It looks before the census takes any token, which the
+// queue would count as consumers; above fullClaimCensus permits it does
+// not look (a census there looks up only the slots without a ready
+// token).
+func (s *Semaphore) checkSquatted(ctx context.Context, cfg config) error {
+	if cfg.QueueType != Quorum || cfg.Permits > fullClaimCensus {
+		return nil
+	}
+	info, _, err := s.queueInfo(ctx, QueueName(s.name))
+	if err != nil {
+		return err
+	}
+	held, err := s.readClaims(ctx, allSlots(cfg.Permits))
+	if err != nil {
+		return err
+	}
+	switch n, err := s.squatted(ctx, held, info.Consumers); {
+	case err != nil:
+		return err
+	case n > 0:
+		return fmt.Errorf("%w: %s: %s", ErrClaimsSquatted, s.name, squatWarning(n))
+	}
+	return nil
 }
 
 // Remove acknowledges (deletes) one token the latest census holds.
@@ -485,13 +516,13 @@ func (inv *Inventory) publish(ctx context.Context, tok tokensem.Token) error {
 	if err != nil {
 		return err
 	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", QueueName(s.name), true, false, amqp.Publishing{
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName(s.name), QueueName(s.name), true, false, amqp.Publishing{
 		DeliveryMode: amqp.Persistent, ContentType: "text/plain", MessageId: tok.ID, Body: b,
 	})
 	if err != nil {
 		return wrapBrokerErr(fmt.Sprintf("issue slot %d", tok.Index), err)
 	}
-	return s.c.waitConfirms(ctx, []*amqp.DeferredConfirmation{dc})
+	return s.c.waitConfirms(ctx, ch, []*amqp.DeferredConfirmation{dc})
 }
 
 // publishChannel returns the run's confirm-mode channel, opening it on the
@@ -505,6 +536,11 @@ func (inv *Inventory) publishChannel(ctx context.Context) (*channel, error) {
 	ch, err := inv.s.c.confirmChannel(ctx)
 	if err != nil {
 		return nil, err
+	}
+	q := QueueName(inv.s.name)
+	if err := inv.s.c.rpc(ctx, ch, func() error { return inv.s.bind(ch, q) }, nil); err != nil {
+		_ = ch.Close()
+		return nil, wrapBrokerErr("bind "+q+" to its exchange", err)
 	}
 	inv.pub = ch
 	return ch, nil

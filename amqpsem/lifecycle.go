@@ -101,9 +101,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		if err != nil {
 			return err
 		}
-		if err := s.unregister(ctx); err != nil {
-			return err
-		}
+		s.unregister(ctx)
 		if !found {
 			return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 		}
@@ -116,7 +114,8 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		if err := s.finishDelete(ctx, cfg); err != nil {
 			return err
 		}
-		return s.unregister(ctx)
+		s.unregister(ctx)
+		return nil
 	case errors.Is(err, tokensem.ErrInvalidRecord):
 		return fmt.Errorf("%w; Delete cannot tell its holders by it: use ForceDelete", err)
 	case err != nil:
@@ -126,7 +125,8 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		if err := s.finishDelete(ctx, cfg); err != nil {
 			return err
 		}
-		return s.unregister(ctx)
+		s.unregister(ctx)
+		return nil
 	}
 	s.setConfig(cfg)
 	refuse := 0 // slots below refuse that are held make Delete refuse
@@ -160,7 +160,8 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 		return err
 	}
 	s.log.Info("semaphore deleted")
-	return s.unregister(ctx)
+	s.unregister(ctx)
+	return nil
 }
 
 // finishDelete removes the queues of a semaphore whose configuration says
@@ -176,6 +177,9 @@ func (s *Semaphore) finishDelete(ctx context.Context, cfg config) error {
 		if err := s.deleteQueue(ctx, q); err != nil {
 			return err
 		}
+	}
+	if err := s.deleteExchange(ctx); err != nil {
+		return err
 	}
 	if err := backoff.Sleep(ctx, cfg.holdWait()); err != nil {
 		return err
@@ -201,7 +205,7 @@ func (s *Semaphore) markInvalidDeleting(ctx context.Context) (config, error) {
 	cfg := config{Version: configVersion, Seq: 1, State: stateDeleting, Permits: max(slots, 1), Issued: slots,
 		Epoch: ids.Epoch(), QueueType: Quorum, Created: time.Now().UnixMilli(), HoldBoundMS: bound.Milliseconds()}
 	s.log.Warn("force-deleting a semaphore whose configuration is invalid", "slots", slots, "wait", cfg.holdWait())
-	if err := s.writeConfig(ctx, cfg); err != nil {
+	if err := s.replaceConfig(ctx, cfg); err != nil {
 		return config{}, err
 	}
 	return cfg, nil
@@ -369,7 +373,24 @@ func (s *Semaphore) deleteQueues(ctx context.Context, slots int) (found bool, er
 			return found, err
 		}
 	}
-	return found, nil
+	return found, s.deleteExchange(ctx)
+}
+
+// deleteExchange deletes the semaphore's exchange (see bind); one that
+// does not exist is deleted already.
+func (s *Semaphore) deleteExchange(ctx context.Context) error {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	err = s.c.rpc(rctx, ch, func() error { return ch.ExchangeDelete(exchangeName(s.name), false, false) }, nil)
+	if err != nil && !isCode(err, amqp.NotFound) {
+		return wrapBrokerErr("delete exchange "+exchangeName(s.name), err)
+	}
+	return nil
 }
 
 // deleteQueue deletes queue q; a queue that does not exist is deleted

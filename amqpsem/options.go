@@ -26,6 +26,7 @@ type options struct {
 	queueType    string
 	maxHold      time.Duration
 	orphanRepair time.Duration // 0: off
+	maxWaiters   int           // 0: only the Conn's cap
 }
 
 // Option configures Init and Open; invalid values make them return an error
@@ -111,6 +112,20 @@ func WithOrphanRepair(d time.Duration) Option {
 			return fmt.Errorf("%w: orphan repair after %v (want 0 or >= 1s)", tokensem.ErrInvalidOption, d)
 		}
 		o.orphanRepair = d
+		return nil
+	}
+}
+
+// WithMaxWaiters caps the callers waiting in Acquire at once on this
+// Semaphore (1..65,535; default: only the Conn's cap, see
+// WithMaxConnWaiters); one more fails at once with
+// tokensem.ErrTooManyWaiters. Each waiter of AcquireN's k counts.
+func WithMaxWaiters(n int) Option {
+	return func(o *options) error {
+		if n < 1 || n > 65535 {
+			return fmt.Errorf("%w: max waiters %d (want 1..65535)", tokensem.ErrInvalidOption, n)
+		}
+		o.maxWaiters = n
 		return nil
 	}
 }

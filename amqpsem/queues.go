@@ -13,6 +13,12 @@ import (
 // QueueName returns the token queue of semaphore name.
 func QueueName(name string) string { return "tokensem." + name }
 
+// exchangeName returns the exchange every publish to semaphore name's
+// queues goes through (see bind): a user allowed to write to it reaches
+// this semaphore's queues and no other's, which the default exchange
+// would not give.
+func exchangeName(name string) string { return "tokensem." + name + ".x" }
+
 func configQueue(name string) string { return "tokensem." + name + ".cfg" }
 func lockQueue(name string) string   { return "tokensem." + name + ".lock" }
 func claimQueue(name string, index int) string {
@@ -40,4 +46,18 @@ func majorVersion(v string) int {
 		return 0
 	}
 	return n
+}
+
+// bind makes publishes to the semaphore's exchange (a direct exchange)
+// with routing key q reach queue q: it declares the exchange and binds q
+// to it, both idempotent, on ch, the channel about to publish (the broker
+// runs a channel's commands in order, so the binding is there for the
+// publish). A semaphore made before it had an exchange gets one at its
+// first write this way; the readers of its queues need nothing new.
+func (s *Semaphore) bind(ch *channel, q string) error {
+	x := exchangeName(s.name)
+	if err := ch.ExchangeDeclare(x, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return err
+	}
+	return ch.QueueBind(q, q, x, false, nil)
 }

@@ -53,20 +53,42 @@ import (
 // Registry queue names. A semaphore name cannot be empty, so these never
 // collide with a semaphore's queues (tokensem.NAME...).
 const (
-	registryQueue = "tokensem..registry"
-	registryLock  = "tokensem..registry.lock"
-	staleEntry    = 5 * time.Minute
+	registryQueue    = "tokensem..registry"
+	registryLock     = "tokensem..registry.lock"
+	registryExchange = "tokensem..registry.x"
+	staleEntry       = 5 * time.Minute
 )
 
 type registryEntry struct {
 	Name string `json:"name"`
 }
 
-// register adds an entry for the semaphore to the registry.
-func (s *Semaphore) register(ctx context.Context, version string) error {
+// register adds an entry for the semaphore to the registry, through the
+// registry's exchange: a user allowed to register (write on that exchange)
+// may not read, empty or lock the registry (see List). A registry that is
+// not set up yet (or was made before it had an exchange) is set up first,
+// if the user may (see setupRegistry).
+func (s *Semaphore) register(ctx context.Context) error {
 	if weighted.IsGate(s.name) {
 		return nil // found through its semaphore, never listed
 	}
+	err := s.publishEntry(ctx)
+	if !errors.Is(err, errNoRegistry) {
+		return err
+	}
+	if err := s.setupRegistry(ctx); err != nil {
+		return err
+	}
+	return s.publishEntry(ctx)
+}
+
+// errNoRegistry says that a registry entry reached no queue: the
+// registry's exchange or its binding is missing.
+var errNoRegistry = errors.New("amqpsem: the registry is not set up")
+
+// publishEntry publishes the semaphore's registry entry, with a publisher
+// confirm; errNoRegistry when the entry reached no registry queue.
+func (s *Semaphore) publishEntry(ctx context.Context) error {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return err
@@ -76,24 +98,64 @@ func (s *Semaphore) register(ctx context.Context, version string) error {
 	defer cancel()
 	body, _ := json.Marshal(registryEntry{Name: s.name})
 	var dc *amqp.DeferredConfirmation
+	// A mandatory publish that no binding routes comes back (basic.return)
+	// before its confirm: amqp091 hands a channel's frames on in order.
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
 	err = s.c.rpc(rctx, ch, func() (err error) {
-		// Entries are requeued by every List: on 4.x the delivery limit
-		// must be off, as for the configuration queue.
-		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, configQueueArgs(version)); err != nil {
-			return err
-		}
 		if err := ch.Confirm(false); err != nil {
 			return err
 		}
-		dc, err = ch.PublishWithDeferredConfirmWithContext(rctx, "", registryQueue, true, false, amqp.Publishing{
+		dc, err = ch.PublishWithDeferredConfirmWithContext(rctx, registryExchange, registryQueue, true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent, ContentType: "application/json", Timestamp: time.Now(), Body: body,
 		})
 		return err
 	}, nil)
-	if err != nil {
+	if err == nil {
+		err = s.c.waitConfirms(rctx, ch, []*amqp.DeferredConfirmation{dc})
+	}
+	switch r := ch.closeReason(); {
+	case r != nil && r.Code == amqp.NotFound: // no exchange
+		return errNoRegistry
+	case err != nil:
 		return wrapBrokerErr("register "+s.name, err)
 	}
-	return s.c.waitConfirms(rctx, []*amqp.DeferredConfirmation{dc})
+	select {
+	case _, ok := <-returns:
+		if ok {
+			return errNoRegistry // no binding
+		}
+	default:
+	}
+	return nil
+}
+
+// setupRegistry declares the registry queue and exchange and binds them:
+// List does it (an operator's rights, see docs/permissions-rabbitmq.md),
+// and Init when no List ran before.
+func (s *Semaphore) setupRegistry(ctx context.Context) error {
+	ch, sess, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	err = s.c.rpc(rctx, ch, func() error {
+		// Entries are requeued by every List: on 4.x the delivery limit
+		// must be off, as for the configuration queue.
+		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, configQueueArgs(sess.version)); err != nil {
+			return err
+		}
+		if err := ch.ExchangeDeclare(registryExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind(registryQueue, registryQueue, registryExchange, false, nil)
+	}, nil)
+	if denied(err) {
+		return fmt.Errorf("amqpsem: the registry (queue %s, exchange %s) is not set up, and this user may not set it up: "+
+			"a List by a user with the operator's permissions does: %w", registryQueue, registryExchange, err)
+	}
+	return wrapBrokerErr("set up the registry", err)
 }
 
 // List returns the semaphores in the registry of the broker c is
@@ -119,6 +181,12 @@ func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
 }
 
 func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
+	// Set up here, by the operator, the registry lets Init register with
+	// no right to read, empty or lock it (see register). A user who may
+	// not set it up lists it as it is.
+	if err := s.setupRegistry(ctx); err != nil && !denied(err) {
+		return nil, err
+	}
 	var out []tokensem.Info
 	err := s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
 		var drop, first []registered
@@ -202,11 +270,26 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 	return info, nil
 }
 
-// unregister removes every registry entry of the semaphore.
-func (s *Semaphore) unregister(ctx context.Context) error {
+// unregister removes every registry entry of the semaphore, if it can:
+// an admin of one semaphore may not read the registry (see
+// docs/permissions-rabbitmq.md), and a registry locked by someone else
+// (an operator's List, or a user who holds its lock) is waited for at most
+// the request timeout. The entries left are List's to drop (it drops
+// those of names with no semaphore once they are older than staleEntry),
+// so neither fails the delete.
+func (s *Semaphore) unregister(ctx context.Context) {
 	if weighted.IsGate(s.name) {
-		return nil
+		return
 	}
+	uctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
+	defer cancel()
+	if err := s.removeEntries(uctx); err != nil && ctx.Err() == nil {
+		s.log.Info("deleted; its registry entries are left for the next List to drop", "reason", err)
+	}
+}
+
+// removeEntries removes every registry entry of the semaphore.
+func (s *Semaphore) removeEntries(ctx context.Context) error {
 	return s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
 		var drop []registered
 		for _, e := range entries {

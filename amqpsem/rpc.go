@@ -3,6 +3,7 @@ package amqpsem
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -17,6 +18,15 @@ type channel struct {
 	// calls were still under way: that rpc closes the channel when they
 	// return, and nothing else may use it.
 	abandoned atomic.Bool
+
+	closes   chan *amqp.Error // the broker's close of the channel (see closeReason)
+	closeMu  sync.Mutex
+	closeErr *amqp.Error
+}
+
+// newChannel wraps ch, noting why the broker closes it.
+func newChannel(ch *amqp.Channel) *channel {
+	return &channel{Channel: ch, closes: ch.NotifyClose(make(chan *amqp.Error, 1))}
 }
 
 // Close closes the channel, which requeues what it was delivered and not
@@ -48,7 +58,7 @@ func (c *Conn) rpc(ctx context.Context, ch *channel, fn func() error, undo func(
 		return fmt.Errorf("%w: the channel was abandoned by an earlier call", errAborted)
 	}
 	if ctx.Done() == nil {
-		return fn()
+		return ch.refused(fn())
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", errAborted, err)
@@ -63,7 +73,7 @@ func (c *Conn) rpc(ctx context.Context, ch *channel, fn func() error, undo func(
 		ch.abandoned.Store(true)
 		return fmt.Errorf("%w: %w", errAborted, ctx.Err())
 	}
-	return err
+	return ch.refused(err)
 }
 
 // detach runs call, which ctx cannot interrupt (an amqp091 call), in a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokensem/tokensem"
@@ -37,6 +38,8 @@ type Semaphore struct {
 	// ErrClosed, and the Semaphore's own goroutines stop.
 	life context.Context
 	end  context.CancelFunc
+
+	waiters atomic.Int64 // callers waiting in Acquire (see enterWait)
 
 	orphanMu  sync.Mutex     // guards orphanRun and orphanAt (see startOrphanCheck)
 	orphanRun bool           // a check is running
@@ -210,12 +213,13 @@ func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 
 // transient reports whether err is a broker failure that trying again may
 // cure: one wrapping tokensem.ErrUnavailable that does not say the
-// semaphore is gone, the credentials are refused, or the lock the work
-// ran under is lost (only taking the lock again cures that: see
-// retryLocking).
+// semaphore is gone, the credentials or the operation are refused, or the
+// lock the work ran under is lost (only taking the lock again cures that:
+// see retryLocking).
 func transient(err error) bool {
 	return errors.Is(err, tokensem.ErrUnavailable) && !errors.Is(err, tokensem.ErrNotInitialized) &&
 		!errors.Is(err, tokensem.ErrClosed) && !errors.Is(err, ErrAuth) && !errors.Is(err, ErrTLS) &&
+		!errors.Is(err, tokensem.ErrPermissionDenied) &&
 		!errors.Is(err, errLockLost)
 }
 
