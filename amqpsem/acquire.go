@@ -168,7 +168,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 
 // enterWait counts a caller of Acquire among the waiters of the Conn and
 // of the Semaphore, or returns tokensem.ErrTooManyWaiters when either is
-// full (see WithMaxConnWaiters, WithMaxWaiters); leave uncounts it.
+// full (see WithMaxConnWaiters, WithMaxLocalWaiters); leave uncounts it.
 func (s *Semaphore) enterWait() (leave func(), err error) {
 	if n := s.c.waiters.Add(1); n > int64(s.c.maxWaiters) {
 		s.c.waiters.Add(-1)
@@ -177,7 +177,7 @@ func (s *Semaphore) enterWait() (leave func(), err error) {
 	if n := s.waiters.Add(1); s.opts.maxWaiters > 0 && n > int64(s.opts.maxWaiters) {
 		s.waiters.Add(-1)
 		s.c.waiters.Add(-1)
-		return nil, fmt.Errorf("%w: %d callers already wait in Acquire on %s (WithMaxWaiters)", tokensem.ErrTooManyWaiters, n-1, s.name)
+		return nil, fmt.Errorf("%w: %d callers already wait in Acquire on %s (WithMaxLocalWaiters)", tokensem.ErrTooManyWaiters, n-1, s.name)
 	}
 	return func() { s.waiters.Add(-1); s.c.waiters.Add(-1) }, nil
 }

@@ -249,7 +249,7 @@
 // # Limits
 //
 // Callers waiting in Acquire are capped per Conn (WithMaxConnWaiters)
-// and per Semaphore (WithMaxWaiters): one more fails with
+// and per Semaphore (WithMaxLocalWaiters): one more fails with
 // tokensem.ErrTooManyWaiters.
 //
 // RabbitMQ has no lease: a holder keeps its permit until it releases, its

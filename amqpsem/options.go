@@ -116,11 +116,14 @@ func WithOrphanRepair(d time.Duration) Option {
 	}
 }
 
-// WithMaxWaiters caps the callers waiting in Acquire at once on this
+// WithMaxLocalWaiters caps the callers waiting in Acquire at once on this
 // Semaphore (1..65,535; default: only the Conn's cap, see
 // WithMaxConnWaiters); one more fails at once with
-// tokensem.ErrTooManyWaiters. Each waiter of AcquireN's k counts.
-func WithMaxWaiters(n int) Option {
+// tokensem.ErrTooManyWaiters. Each waiter of AcquireN's k counts. It is
+// natssem.WithMaxLocalWaiters' counterpart; RabbitMQ has no cap of all
+// clients' waiters together (natssem.WithMaxWaiters): bound them with user
+// limits (docs/permissions-rabbitmq.md).
+func WithMaxLocalWaiters(n int) Option {
 	return func(o *options) error {
 		if n < 1 || n > 65535 {
 			return fmt.Errorf("%w: max waiters %d (want 1..65535)", tokensem.ErrInvalidOption, n)

@@ -13,7 +13,7 @@ import (
 
 // TestMaxWaiters: callers waiting in Acquire are capped per Conn
 // (WithMaxConnWaiters, across its semaphores) and per Semaphore
-// (WithMaxWaiters); one more fails at once with ErrTooManyWaiters, and a
+// (WithMaxLocalWaiters); one more fails at once with ErrTooManyWaiters, and a
 // waiter that gives up frees its place. TryAcquire is not counted.
 func TestMaxWaiters(t *testing.T) {
 	ctx := semtest.Context(t, time.Minute)
@@ -31,7 +31,7 @@ func TestMaxWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	capped, err := amqpsem.Open(ctx, c, n, amqpsem.WithMaxWaiters(1))
+	capped, err := amqpsem.Open(ctx, c, n, amqpsem.WithMaxLocalWaiters(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestMaxWaiters(t *testing.T) {
 	wait(capped)
 	waiting(capped, 1)
 	if _, err := capped.Acquire(ctx); !errors.Is(err, tokensem.ErrTooManyWaiters) {
-		t.Errorf("second waiter on a Semaphore of WithMaxWaiters(1): %v, want ErrTooManyWaiters", err)
+		t.Errorf("second waiter on a Semaphore of WithMaxLocalWaiters(1): %v, want ErrTooManyWaiters", err)
 	}
 	if _, err := capped.TryAcquire(ctx); !errors.Is(err, tokensem.ErrNoPermit) {
 		t.Errorf("try acquire: %v, want ErrNoPermit", err)
@@ -93,8 +93,8 @@ func TestMaxWaiters(t *testing.T) {
 		if _, err := amqpsem.Dial(ctx, broker.URL, amqpsem.WithMaxConnWaiters(bad)); !errors.Is(err, tokensem.ErrInvalidOption) {
 			t.Errorf("WithMaxConnWaiters(%d): %v", bad, err)
 		}
-		if _, err := amqpsem.Open(ctx, c, n, amqpsem.WithMaxWaiters(bad)); !errors.Is(err, tokensem.ErrInvalidOption) {
-			t.Errorf("WithMaxWaiters(%d): %v", bad, err)
+		if _, err := amqpsem.Open(ctx, c, n, amqpsem.WithMaxLocalWaiters(bad)); !errors.Is(err, tokensem.ErrInvalidOption) {
+			t.Errorf("WithMaxLocalWaiters(%d): %v", bad, err)
 		}
 	}
 }
