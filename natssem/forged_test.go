@@ -115,6 +115,11 @@ func TestForgedHolderRecordDeletesNoToken(t *testing.T) {
 		if st := f.status(t); st.Tokens != 1 {
 			t.Fatalf("the forged record cost the semaphore its token: %+v", st)
 		}
+		// Rewritten, it is fresh again: Status names it.
+		f.forge(t, 0, fmt.Sprintf(`{"e":%d,"h":"mallory","o":"mallory","seq":999999}`, e))
+		if st := f.status(t); st.Healthy || !strings.Contains(strings.Join(st.Warnings, "\n"), "slots [0] are held by records naming no token") {
+			t.Errorf("status with a fresh forged record: %+v, want it unhealthy, naming slot 0", st)
+		}
 		// Not refreshed, the forged record ages out and the slot is taken over.
 		p, err := f.s.Acquire(semtest.Context(t, 10*lease))
 		if err != nil {
@@ -190,4 +195,73 @@ func TestForgedDeleteMark(t *testing.T) {
 			t.Fatalf("after the claims: %+v", st)
 		}
 	})
+}
+
+// ackHeld acks the held token at stream sequence seq as an attacker with
+// ack rights does: the server matches an ack by stream sequence alone.
+func ackHeld(t *testing.T, f forgedSem, seq uint64) {
+	t.Helper()
+	nc := connect(t, srv.Addr().String())
+	subj := fmt.Sprintf("$JS.ACK.%s.%s.1.%d.1.0.0", f.stream, f.consumer, seq)
+	if _, err := nc.Request(subj, []byte("+ACK"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 5*time.Second, "the acked token to go", func() bool { return len(f.tokenSeqs(t)) == 0 })
+}
+
+// TestAckedHeldToken: someone else's +ACK of a held token removes it from
+// the stream. Status says so at once (unhealthy, naming the slot), and the
+// holder learns of it: Release returns an error wrapping
+// tokensem.ErrLeaseLost instead of nil, or a renewal finds the token gone
+// and Done closes. Either frees the record, and a reconcile issues the
+// slot's token again.
+func TestAckedHeldToken(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lease time.Duration
+		wait  bool // for a renewal to notice, rather than release at once
+	}{
+		{"release", 30 * time.Second, false},
+		{"renewal", time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newForgedSem(t, "acked-"+tc.name, false, 1, tc.lease)
+			p, err := f.s.Acquire(semtest.Context(t, 5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ackHeld(t, f, f.tokenSeqs(t)[0])
+			st := f.status(t)
+			if st.Healthy || (len(st.Missing) != 1 && !strings.Contains(strings.Join(st.Warnings, "\n"), "slots [0] are held by records naming no token")) {
+				t.Errorf("status with the held token acked away: %+v, want it unhealthy, naming slot 0", st)
+			}
+			if tc.wait {
+				select {
+				case <-p.Done():
+				case <-time.After(5 * tc.lease):
+					t.Fatalf("Done did not close after the token was acked away")
+				}
+			}
+			if err := p.Release(t.Context()); !errors.Is(err, tokensem.ErrLeaseLost) {
+				t.Fatalf("Release of a permit whose token was acked away: %v, want ErrLeaseLost", err)
+			}
+			select {
+			case <-p.Done():
+			default:
+				t.Fatal("Done open after a failed Release")
+			}
+			if st := f.status(t); len(st.Missing) != 1 || st.Held != 0 {
+				t.Errorf("status after the loss: %+v, want slot 0 missing and free", st)
+			}
+			r, err := reconcileOnce(t.Context(), f.s)
+			if err != nil || r.Issued != 1 || !r.Healthy {
+				t.Fatalf("reconcile: %+v, %v", r, err)
+			}
+			q, err := f.s.Acquire(semtest.Context(t, 5*time.Second))
+			if err != nil {
+				t.Fatalf("Acquire after the reconcile: %v", err)
+			}
+			_ = q.Release(t.Context())
+		})
+	}
 }
