@@ -322,25 +322,25 @@ func (p *Permit) Release(ctx context.Context) error {
 		return p.Err()
 	}
 
-	// Whether the token is still there is read beside the free write: a
-	// Nak of a token someone else removed hands nothing back.
+	// Whether the token is still there is read beside the free write and
+	// the Nak, so the hand-back is not delayed: a Nak of a token someone
+	// else removed hands nothing back, and one that is there stays there.
 	gone := make(chan bool, 1)
 	go func() { gone <- p.tokenGone(context.WithoutCancel(ctx)) }()
-	err := p.free(ctx)
-	tokenGone := <-gone
-	if err != nil {
+	if err := p.free(ctx); err != nil {
+		<-gone
 		p.lose(err)
-		return p.Err()
-	}
-	if tokenGone {
-		// The record is free: a token a reconcile issues for the slot
-		// can be claimed at once.
-		p.lose(errTokenGone)
 		return p.Err()
 	}
 	// The record is free and was ours until now: only now may the token go.
 	if err := p.s.returned.nak(p.d.reply); err != nil {
 		p.s.log.Warn("released, but the token's hand-back failed; it returns after the lease", "err", err)
+	}
+	if <-gone {
+		// The record is free: a token a reconcile issues for the slot
+		// can be claimed at once.
+		p.lose(errTokenGone)
+		return p.Err()
 	}
 	p.s.log.Debug("permit released", "index", p.d.tok.Index)
 	return p.life.Released()
