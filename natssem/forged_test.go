@@ -209,28 +209,52 @@ func ackHeld(t *testing.T, f forgedSem, seq uint64) {
 	pollUntil(t, 5*time.Second, "the acked token to go", func() bool { return len(f.tokenSeqs(t)) == 0 })
 }
 
+// deleteHeld deletes the held token at stream sequence seq as an attacker
+// with message-delete rights does (a group's stream keeps acked messages,
+// so there a delete, not an ack, removes one).
+func deleteHeld(t *testing.T, f forgedSem, seq uint64) {
+	t.Helper()
+	js, err := jetstream.New(connect(t, srv.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := js.Stream(t.Context(), f.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := str.DeleteMsg(t.Context(), seq); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestAckedHeldToken: someone else's +ACK of a held token removes it from
-// the stream. Status says so at once (unhealthy, naming the slot), and the
+// the stream (a message delete does the same, also on a group's stream). Status says so at once (unhealthy, naming the slot), and the
 // holder learns of it: Release returns an error wrapping
 // tokensem.ErrLeaseLost instead of nil, or a renewal finds the token gone
 // and Done closes. Either frees the record, and a reconcile issues the
 // slot's token again.
 func TestAckedHeldToken(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		lease time.Duration
-		wait  bool // for a renewal to notice, rather than release at once
+		name    string
+		lease   time.Duration
+		wait    bool // for a renewal to notice, rather than release at once
+		grouped bool // a key of a group, whose token is deleted, not acked
 	}{
-		{"release", 30 * time.Second, false},
-		{"renewal", time.Second, true},
+		{"release", 30 * time.Second, false, false},
+		{"renewal", time.Second, true, false},
+		{"group release", 30 * time.Second, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newForgedSem(t, "acked-"+tc.name, false, 1, tc.lease)
+			f := newForgedSem(t, "acked-"+strings.ReplaceAll(tc.name, " ", "-"), tc.grouped, 1, tc.lease)
 			p, err := f.s.Acquire(semtest.Context(t, 5*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
-			ackHeld(t, f, f.tokenSeqs(t)[0])
+			if tc.grouped {
+				deleteHeld(t, f, f.tokenSeqs(t)[0])
+			} else {
+				ackHeld(t, f, f.tokenSeqs(t)[0])
+			}
 			st := f.status(t)
 			if st.Healthy || (len(st.Missing) != 1 && !strings.Contains(strings.Join(st.Warnings, "\n"), "slots [0] are held by records naming no token")) {
 				t.Errorf("status with the held token acked away: %+v, want it unhealthy, naming slot 0", st)
