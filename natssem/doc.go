@@ -199,18 +199,18 @@
 //     marks it before it closes a slot, and a refused one reopens its
 //     slots before it unmarks it); otherwise a claim judges the record
 //     without the mark and writes it over, and Status warns of it.
-//   - Make a held token vanish silently. An ack (or a delete) of a held
-//     token removes it from a semaphore's work-queue stream, and the
-//     holder's Nak would then hand nothing back. A renewal and Release
-//     read the token by its sequence: if it is gone, the permit is lost
-//     (Done closes; Release returns an error wrapping
-//     tokensem.ErrLeaseLost), its record is freed, and Status and
-//     reconcile report the slot missing, and reconcile issues it again.
-//     Until the holder learns it (a third of the lease at most), Status and
-//     reconcile report the slot unhealthy: held by a record naming no token
-//     in the stream. Not covered: a key of a group, whose stream keeps
-//     acknowledged messages, so a token acked by someone else stays
-//     readable while its consumer never delivers it again.
+//   - Make a held token vanish silently. An ack of a held token removes it
+//     from a semaphore's own (work-queue) stream, a message delete from
+//     any stream, and the holder's Nak would then hand nothing back. A
+//     renewal and Release read the token by its sequence: if it is gone,
+//     the permit is lost (Done closes; Release returns an error wrapping
+//     tokensem.ErrLeaseLost), its record is freed, Status and reconcile
+//     report the slot missing, and reconcile issues it again. Until the
+//     holder learns it (at its next renewal, within a third of the lease,
+//     or at its release), Status and reconcile report the slot unhealthy:
+//     held by a record naming no token in the stream. Not covered: an ack
+//     of a group key's token, which its group's stream keeps (it stays
+//     readable while its consumer never delivers it again).
 //
 // What is left is inherent in the rights and is not closed:
 //   - A user who may write slot records may hold a slot without a token,
@@ -226,7 +226,9 @@
 //     the older holder's writes.
 //   - A user who may ack or delete messages may remove tokens that nobody
 //     holds; acquirers stop seeing them, and Status reports the slots
-//     missing until a reconcile issues them again.
+//     missing until a reconcile issues them again. A group key's token
+//     acked by someone else stays in the stream, undelivered, and Status
+//     does not see it.
 //
 // Slot records are not signed, even with a signing key: every client of a
 // signed semaphore holds the key (it verifies tokens with it), and a user
