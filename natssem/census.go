@@ -141,11 +141,22 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 		st.Warnings = append(st.Warnings, "a Delete is running, or was cut short: Acquire waits until it ends "+
 			"(seminit delete, or an Init of the same name, finishes it)")
 	}
-	var invalid []int
+	var invalid, marked []int
 	for idx, sl := range inv.slots {
 		if sl.invalid {
 			invalid = append(invalid, idx)
 		}
+		if sl.rec.Deleted && inv.cfg.State != stateDeleting {
+			marked = append(marked, idx)
+		}
+	}
+	if len(marked) > 0 {
+		// Nothing this package writes: a Delete marks the configuration
+		// before it closes a slot, and reopens the slots before it
+		// unmarks it. A client's rights suffice to write one.
+		slices.Sort(marked)
+		st.Warnings = append(st.Warnings, fmt.Sprintf("the records of slots %v are marked deleted while no Delete runs "+
+			"(written by someone else): the mark is ignored, and the next claim of each slot writes its record over", clipInts(marked)))
 	}
 	if len(invalid) > 0 {
 		slices.Sort(invalid)

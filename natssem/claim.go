@@ -79,6 +79,14 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 			s.log.Warn("deleting a duplicate token of a held slot", "index", tok.Index, "seq", seq, "held_seq", cur.rec.Seq)
 			s.deleteDuplicate(ctx, seq)
 			return nil, nil
+		case act == heldWithout:
+			// Deleting this token could leave the slot none; taking the
+			// slot over could make a second holder of a real one whose
+			// token someone removed. Leave it (it comes back after the
+			// ack wait) until the record frees or falls a lease silent.
+			s.log.Warn("slot record names a token the stream does not hold (forged, or its token was removed); leaving this token",
+				"index", tok.Index, "seq", seq, "named_seq", cur.rec.Seq, "holder", cur.rec.Owner)
+			return nil, nil
 		case act == heldHere && gaveUp != nil:
 			// Most often its holder released it and this read came from
 			// a replica that has not applied the free write yet
@@ -120,7 +128,7 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 				}
 			}
 			if act == takeOver && cur.rec.Seq != seq {
-				s.deleteDuplicate(ctx, cur.rec.Seq) // the silent holder's copy is now a duplicate
+				s.deleteSilentCopy(ctx, tok, cur.rec.Seq)
 			}
 			return s.won(ctx, m, d, rev, lease)
 		case errors.Is(err, errConflict):
@@ -154,12 +162,13 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 type action int
 
 const (
-	claimFree action = iota // the record is free (or binds nobody): claim it
-	takeOver                // its holder has been silent a whole lease: claim it
-	heldHere                // a live holder holds this very token: step away
-	duplicate               // a live holder holds another copy: delete this one
-	closed                  // Delete closed the slot: hold the token back
-	ended                   // the token's life has ended: remove it
+	claimFree   action = iota // the record is free (or binds nobody): claim it
+	takeOver                  // its holder has been silent a whole lease: claim it
+	heldHere                  // a live holder holds this very token: step away
+	duplicate                 // a live holder holds another copy: delete this one
+	heldWithout               // a live record names no token of the slot: step away
+	closed                    // Delete closed the slot: hold the token back
+	ended                     // the token's life has ended: remove it
 )
 
 // judge decides what a claim of tok (stream sequence seq, its life's lease)
@@ -185,10 +194,24 @@ func (s *Semaphore) judge(ctx context.Context, tok tokensem.Token, seq uint64, c
 			return claimFree, nil
 		}
 	}
-	switch {
-	case cur.rec.Deleted:
-		return closed, nil
-	case cur.rec.free():
+	if cur.rec.Deleted {
+		// Honoured only while the configuration says a Delete runs: it
+		// marks the configuration before it closes a slot, and a refused
+		// one reopens the slots before it unmarks it. Anyone who may
+		// write slot records can write the mark; in a life that no
+		// Delete ends, it is junk, and the record is judged without it.
+		switch life, _, err := s.lifeOf(ctx, tok); {
+		case err != nil:
+			return 0, err
+		case life == lifeEnded:
+			return ended, nil
+		case life == lifeEnding:
+			return closed, nil
+		}
+		s.log.Warn("slot record marked deleted while no Delete runs; judging it unmarked", "index", tok.Index, "rev", cur.rev)
+		cur.rec.Deleted = false
+	}
+	if cur.rec.free() {
 		return claimFree, nil
 	}
 	now, err := s.serverNow(ctx)
@@ -201,7 +224,67 @@ func (s *Semaphore) judge(ctx context.Context, tok tokensem.Token, seq uint64, c
 	case cur.rec.Seq == seq:
 		return heldHere, nil
 	}
+	// Another sequence: a duplicate, if the one the record names is a
+	// token of this slot and life still in the stream. Anyone who may
+	// write slot records can name any sequence, so that is checked before
+	// this token is deleted.
+	switch named, err := s.tokenLives(ctx, cur.rec.Seq, tok); {
+	case err != nil:
+		return 0, err
+	case !named:
+		return heldWithout, nil
+	}
 	return duplicate, nil
+}
+
+// tokenLives reports whether the stream holds, at stream sequence seq, a
+// token of tok's slot and life (checked by the codec, signature and all):
+// what a held slot record names when it is real. A record naming anything
+// else was forged, or its token was removed behind its holder's back (an
+// ack or a message delete by someone else). The read is a direct get, which
+// on a replicated stream any replica may answer; one behind could miss only
+// a message published a moment ago, so callers take false for the side on
+// which they delete nothing.
+func (s *Semaphore) tokenLives(ctx context.Context, seq uint64, tok tokensem.Token) (bool, error) {
+	if seq == 0 {
+		return false, nil
+	}
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	req := mustMarshal(struct {
+		Seq uint64 `json:"seq"`
+	}{seq})
+	m, err := s.nc.RequestWithContext(rctx, "$JS.API.DIRECT.GET."+s.lay.stream, req)
+	if err != nil {
+		return false, wrapBrokerErr(fmt.Errorf("reading token message %d: %w", seq, err))
+	}
+	switch code, desc := status(m); code {
+	case "":
+	case "404":
+		return false, nil
+	default:
+		return false, wrapBrokerErr(fmt.Errorf("reading token message %d: answered %s %s", seq, code, desc))
+	}
+	if m.Header.Get("Nats-Subject") != s.lay.subject {
+		return false, nil // another key's message, in a group's stream
+	}
+	got, err := s.codec.Decode(m.Data)
+	return err == nil && got.Semaphore == s.name && got.Index == tok.Index && got.Epoch == tok.Epoch, nil
+}
+
+// deleteSilentCopy deletes, after a takeover of tok's slot by another
+// message, the message the silent holder's record named, if it is a token
+// of the same slot and life: a duplicate now. A record can name any
+// sequence (see tokenLives): another slot's token is left alone.
+func (s *Semaphore) deleteSilentCopy(ctx context.Context, tok tokensem.Token, seq uint64) {
+	switch named, err := s.tokenLives(ctx, seq, tok); {
+	case err != nil:
+		s.log.Warn("could not read the token a taken-over record named; leaving it", "seq", seq, "err", err)
+	case named:
+		s.deleteDuplicate(ctx, seq) // the silent holder's copy is now a duplicate
+	default:
+		s.log.Warn("a taken-over record named no token of its slot; nothing deleted", "index", tok.Index, "named_seq", seq)
+	}
 }
 
 // The lives of a semaphore's slot records (lifeChecked).

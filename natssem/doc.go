@@ -31,10 +31,13 @@
 //     in TryAcquire), and decide afresh once another holder's or a free record
 //     shows. If none does, the holder is alive and the delivery came from a
 //     stale Nak: step away without touching it. If the record names another
-//     stream sequence, this delivery is a duplicate token of a held slot:
-//     delete it.
+//     stream sequence, and the stream holds a token of the same slot and
+//     life there (a direct get), this delivery is a duplicate token of a
+//     held slot: delete it. If the stream holds no such token, step away
+//     (see "What a client can do").
 //   - Record held but silent for a whole lease: its holder gave up (see
-//     below); take it over by compare-and-set.
+//     below); take it over by compare-and-set, then delete the copy the
+//     record named if it is a token of the same slot and life.
 //
 // A holder renews every lease/3: a compare-and-set of its record, then an
 // in-progress ack. It holds its permit until the send time of its last
@@ -188,6 +191,63 @@
 //     anything else is no client's lock, and free.
 //   - a group's generation record: the 32-hex id a bump writes; anything
 //     else vouches for no configuration (each key reads its own).
+//
+// # What a client can do
+//
+// A client's rights on a semaphore (pull from its consumer, ack, direct
+// get, write its slot records, delete its messages) are enough to lie to
+// every other client of it: the broker cannot tell its writes from an
+// honest client's. What such a user must not be able to do, and what stops
+// it:
+//   - Delete real tokens through a forged record. A held record that names
+//     a stream sequence is believed only as far as the stream bears it out:
+//     a delivery is deleted as a duplicate only if the sequence the record
+//     names holds a token of the same slot and life (claim.go, tokenLives),
+//     and a takeover deletes the old copy only on the same check. A record
+//     naming anything else makes the acquirer step away; it deletes
+//     nothing.
+//   - Block a slot for good with a delete mark. A record marked deleted is
+//     honoured only while the configuration says a Delete runs (a Delete
+//     marks it before it closes a slot, and a refused one reopens its
+//     slots before it unmarks it); otherwise a claim judges the record
+//     without the mark and writes it over, and Status warns of it.
+//   - Make a held token vanish silently. An ack of a held token removes it
+//     from a semaphore's own (work-queue) stream, a message delete from
+//     any stream, and the holder's Nak would then hand nothing back. A
+//     renewal and Release read the token by its sequence: if it is gone,
+//     the permit is lost (Done closes; Release returns an error wrapping
+//     tokensem.ErrLeaseLost), its record is freed, Status and reconcile
+//     report the slot missing, and reconcile issues it again. Until the
+//     holder learns it (at its next renewal, within a third of the lease,
+//     or at its release), Status and reconcile report the slot unhealthy:
+//     held by a record naming no token in the stream. Not covered: an ack
+//     of a group key's token, which its group's stream keeps (it stays
+//     readable while its consumer never delivers it again).
+//
+// What is left is inherent in the rights and is not closed:
+//   - A user who may write slot records may hold a slot without a token,
+//     as long as it keeps rewriting a held record (as it may hold a permit
+//     by acquiring one). Status and reconcile report such a slot unhealthy
+//     (held by a record naming no token in the stream); once the record is
+//     no longer rewritten it falls a lease silent and is taken over.
+//   - A user who may write slot records may free or take another holder's
+//     record, and Nak its token to hand the slot on. The holder learns it
+//     at its next renewal (its compare-and-set fails), within a third of
+//     the lease; until then two clients believe they hold the slot, and
+//     only fences tell them apart: a resource that checks fences refuses
+//     the older holder's writes.
+//   - A user who may ack or delete messages may remove tokens that nobody
+//     holds; acquirers stop seeing them, and Status reports the slots
+//     missing until a reconcile issues them again. A group key's token
+//     acked by someone else stays in the stream, undelivered, and Status
+//     does not see it.
+//
+// Slot records are not signed, even with a signing key: every client of a
+// signed semaphore holds the key (it verifies tokens with it), and a user
+// without it could still write back a record it read earlier (an old free
+// or held record of the slot), which a signature does not stop. The checks
+// above rest on the stream instead, which a client can take from but not
+// add to.
 //
 // # Groups
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -131,10 +132,32 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 		}
 		c.Entries = append(c.Entries, e)
 	}
+	withToken := make(map[int]bool)
+	for _, e := range c.Entries {
+		if e.Held {
+			withToken[e.Token.Index] = true
+		}
+	}
+	var tokenless []int
 	for idx := range slots {
 		if _, held := live(idx); held {
 			c.HeldSlots = append(c.HeldSlots, idx)
+			if !withToken[idx] {
+				tokenless = append(tokenless, idx)
+			}
 		}
+	}
+	if len(tokenless) > 0 {
+		// Nothing this package leaves for long: a claim names the token it
+		// was delivered, and a takeover deletes the old copy only after its
+		// record names the new one. Anyone who may write slot records or
+		// ack tokens can make it (see the package doc, "What a client can
+		// do").
+		slices.Sort(tokenless)
+		c.Problems = append(c.Problems, fmt.Sprintf("slots %v are held by records naming no token in the stream "+
+			"(the record was written by someone else, or someone else acked or deleted its holder's token): "+
+			"a real holder loses its permit at its next renewal and frees the slot; a forged record holds the slot "+
+			"until it is no longer rewritten and falls a lease silent", clipInts(tokenless)))
 	}
 	inv.mu.Lock()
 	inv.slots, inv.now, inv.cfg = slots, now, cfg

@@ -30,6 +30,10 @@ type Census struct {
 	// read an unacked message): each held slot then has one more token than
 	// its entries show, and every entry of it is a surplus copy.
 	HeldUnseen bool
+	// Problems are what the backend found wrong that no repair here can
+	// fix (such as a slot held by a record that names no token in the
+	// stream), each with its reason. Any makes the census unhealthy.
+	Problems []string
 }
 
 // Findings classify a census.
@@ -48,13 +52,14 @@ type Findings struct {
 }
 
 // Healthy reports whether the census found exactly one valid token per slot
-// and nothing else (retired tokens still held aside: see Retiring).
+// and nothing else (retired tokens still held aside: see Retiring), and the
+// backend reported no Problems.
 func (f Findings) Healthy(c Census) bool {
 	valid := f.Valid
 	if c.HeldUnseen {
 		valid += len(c.HeldSlots)
 	}
-	return valid == c.Permits && len(f.Duplicates) == 0 && len(f.Missing) == 0 && len(f.Invalid) == 0
+	return valid == c.Permits && len(f.Duplicates) == 0 && len(f.Missing) == 0 && len(f.Invalid) == 0 && len(c.Problems) == 0
 }
 
 // DuplicateIndices returns the duplicated indices in order.
@@ -156,15 +161,15 @@ func Admit(codec tokensem.Codec, semaphore string, data []byte, def func(fresh b
 // Summarize fills the part of a tokensem.Status that a census decides:
 // permits, epoch, tokens (messages found, plus the held ones a census
 // cannot see), held slots, available permits (distinct valid tokens of
-// slots nobody holds), duplicates, missing slots, invalid tokens and
-// health. The backend adds its name, resource, lease, waiters, holders and
-// warnings.
+// slots nobody holds), duplicates, missing slots, invalid tokens, health,
+// and the census's Problems as warnings. The backend adds its name,
+// resource, lease, waiters, holders and other warnings.
 func Summarize(c Census) tokensem.Status {
 	f := Analyze(c)
 	st := tokensem.Status{
 		Permits: c.Permits, Epoch: c.Epoch, Tokens: len(c.Entries), Held: len(c.HeldSlots),
 		Duplicate: f.DuplicateIndices(), Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid),
-		Healthy: f.Healthy(c), Holders: []tokensem.Holder{}, Warnings: []string{},
+		Healthy: f.Healthy(c), Holders: []tokensem.Holder{}, Warnings: append([]string{}, c.Problems...),
 	}
 	if c.HeldUnseen {
 		st.Tokens += len(c.HeldSlots)

@@ -42,6 +42,9 @@ type Report struct {
 	Healthy    bool          `json:"healthy"`    // after the run
 	Census     time.Duration `json:"census_ns"`  // time of the (first) census
 	Repair     time.Duration `json:"repair_ns"`  // time of the repair
+	// Problems are the Census.Problems of the census Healthy was judged
+	// by: what makes the semaphore unhealthy that no repair here fixes.
+	Problems []string `json:"problems,omitempty"`
 	// Gate is the run on the semaphore's gate (see Gated), if it has one;
 	// Healthy above counts it too.
 	Gate *Report `json:"gate,omitempty"`
@@ -124,7 +127,7 @@ func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 	r := Report{
 		Permits: c.Permits, Tokens: len(c.Entries), Duplicates: f.DuplicateIndices(),
 		Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid), Census: time.Since(t0),
-		Healthy: f.Healthy(c),
+		Healthy: f.Healthy(c), Problems: c.Problems,
 	}
 	if !repair || r.Healthy {
 		return r, nil
@@ -170,7 +173,7 @@ func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 		if err != nil {
 			return r, err
 		}
-		r.Healthy = Analyze(after).Healthy(after)
+		r.Healthy, r.Problems = Analyze(after).Healthy(after), after.Problems
 		if r.Healthy || try == afterRepairRecounts || r.Removed+r.Issued == 0 {
 			return r, nil
 		}
