@@ -74,7 +74,7 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 				}
 			}
 			if err != nil {
-				fmt.Fprintf(e.stderr, "seminit reconcile: %v\n", err)
+				e.warnf("seminit reconcile: %v\n", err)
 				return
 			}
 			printReport(e, &g, *name, r)

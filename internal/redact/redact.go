@@ -176,3 +176,48 @@ func Secrets(raw string) []string {
 	}
 	return out
 }
+
+// Strip removes from raw, a URL or a comma-separated list of them, the
+// credentials URL would mask, for a URL handed on to a program that must
+// not have them. An amqp:// URL keeps its user name; any other loses its
+// whole userinfo (nats.go would read a user name left alone as a token).
+func Strip(raw string) string {
+	parts := strings.Split(raw, ",")
+	for i, part := range parts {
+		scheme, rest, ok := strings.Cut(part, "://")
+		if !ok {
+			continue
+		}
+		authEnd := len(rest)
+		if j := strings.IndexAny(rest, "/?#"); j >= 0 {
+			authEnd = j
+		}
+		if j := strings.LastIndex(rest[:authEnd], "@"); j >= 0 {
+			user, _, _ := strings.Cut(rest[:j], ":")
+			if keepsLoneUser(scheme) && user != "" {
+				rest = user + rest[j:]
+			} else {
+				rest = rest[j+1:]
+			}
+		}
+		if q := strings.IndexByte(rest, '?'); q >= 0 {
+			query, frag, hasFrag := strings.Cut(rest[q+1:], "#")
+			var kept []string
+			for p := range strings.SplitSeq(query, "&") {
+				k, _, _ := strings.Cut(p, "=")
+				if name, err := url.QueryUnescape(k); !secretParam(k) && (err != nil || !secretParam(name)) {
+					kept = append(kept, p)
+				}
+			}
+			rest = rest[:q]
+			if len(kept) > 0 {
+				rest += "?" + strings.Join(kept, "&")
+			}
+			if hasFrag {
+				rest += "#" + frag
+			}
+		}
+		parts[i] = scheme + "://" + rest
+	}
+	return strings.Join(parts, ",")
+}

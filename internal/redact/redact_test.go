@@ -79,3 +79,20 @@ func TestSecrets(t *testing.T) {
 		}
 	}
 }
+
+func TestStrip(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"amqp://guest:secret@127.0.0.1:5672/", "amqp://guest@127.0.0.1:5672/"},
+		{"amqp://user@host/", "amqp://user@host/"},
+		{"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		{"nats://SECRETTOKEN123@127.0.0.1:4222", "nats://127.0.0.1:4222"},
+		{"nats://alice:pw@h1:4222,nats://alice:pw@h2:4222", "nats://h1:4222,nats://h2:4222"},
+		{"amqps://u:p%zz@host/vh?password=x&heartbeat=5#f", "amqps://u@host/vh?heartbeat=5#f"},
+		{"amqps://host/?token=x", "amqps://host/"},
+		{"not a url", "not a url"},
+	} {
+		if got := Strip(tc.in); got != tc.want {
+			t.Errorf("Strip(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

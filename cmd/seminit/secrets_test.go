@@ -1,0 +1,91 @@
+package main
+
+// What seminit does with the credentials it is given: its log hides them,
+// and exec's command gets them only when asked (--pass-credentials).
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tokensem/tokensem/natssem/embedded"
+)
+
+// TestLoggerHidesSecrets: the libraries' log (--log-level) hides the
+// credentials of the URL and of the flags in messages and attributes.
+func TestLoggerHidesSecrets(t *testing.T) {
+	tok, pass := "tok-"+runID+"-log", "pw-"+runID+"-log"
+	var buf bytes.Buffer
+	g := globals{url: "nats://" + tok + "@127.0.0.1:4222", passwordFlag: pass, warn: &buf, logLevel: slog.LevelDebug}
+	g.logger().Info("dial nats://"+tok+"@127.0.0.1:4222 failed", "url", g.url,
+		"err", errors.New("refused "+pass), "list", []string{"amqp://u:" + pass + "@h/"})
+	out := buf.String()
+	checkNoSecrets(t, out, []string{tok, pass})
+	if !strings.Contains(out, "nats://xxxxx@127.0.0.1:4222") {
+		t.Errorf("log %q: want the URL with its token hidden", out)
+	}
+}
+
+// TestExecChildCredentials: exec's command sees $TOKENSEM_URL without its
+// credentials, and none of $TOKENSEM_PASSWORD, $TOKENSEM_TOKEN and
+// $TOKENSEM_KEY; --pass-credentials hands them on whole.
+func TestExecChildCredentials(t *testing.T) {
+	show := []string{"--", "sh", "-c", `echo "url=$TOKENSEM_URL token=$TOKENSEM_TOKEN password=$TOKENSEM_PASSWORD"`}
+	t.Run("nats", func(t *testing.T) {
+		token := "tok-" + runID + "-child"
+		srv, err := embedded.Start(embedded.Config{Options: func(o *server.Options) error {
+			o.Authorization = token
+			return nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+		withToken := withUser(t, srv.URL(), token, "")
+		b := broker{name: "nats", url: withToken}
+		name := uniqueName(t)
+		b.mustInit(t, name, 1)
+		r := startSeminit(t, b.env(), append([]string{"exec", "--name", name}, show...)...).wait(60 * time.Second)
+		if want := "url=" + srv.URL() + " token= password=\n"; r.code != exitOK || r.stdout != want {
+			t.Fatalf("exec: %v\nwant stdout %q", r, want)
+		}
+		// The token from the environment, not the URL.
+		r = startSeminit(t, broker{name: "nats", url: srv.URL()}.env("TOKENSEM_TOKEN="+token), append([]string{"exec", "--name", name}, show...)...).wait(60 * time.Second)
+		if want := "url=" + srv.URL() + " token= password=\n"; r.code != exitOK || r.stdout != want {
+			t.Fatalf("exec, token in the environment: %v\nwant stdout %q", r, want)
+		}
+		r = startSeminit(t, b.env("TOKENSEM_TOKEN="+token), append([]string{"exec", "--pass-credentials", "--name", name}, show...)...).wait(60 * time.Second)
+		if want := "url=" + withToken + " token=" + token + " password=\n"; r.code != exitOK || r.stdout != want {
+			t.Fatalf("exec --pass-credentials: %v\nwant stdout %q", r, want)
+		}
+	})
+	t.Run("amqp", func(t *testing.T) {
+		b := amqpBroker(t)
+		u, err := url.Parse(b.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pass, ok := u.User.Password()
+		if !ok {
+			t.Skipf("RabbitMQ URL %s has no password", b.url)
+		}
+		stripped := *u
+		stripped.User = url.User(u.User.Username())
+		name := uniqueName(t)
+		b.mustInit(t, name, 1)
+		r := startSeminit(t, b.env("TOKENSEM_PASSWORD="+pass), append([]string{"exec", "--name", name}, show...)...).wait(60 * time.Second)
+		if want := "url=" + stripped.String() + " token= password=\n"; r.code != exitOK || r.stdout != want {
+			t.Fatalf("exec: %v\nwant stdout %q", r, want)
+		}
+		r = startSeminit(t, b.env("TOKENSEM_PASSWORD="+pass), append([]string{"exec", "--pass-credentials", "--name", name}, show...)...).wait(60 * time.Second)
+		if want := "url=" + b.url + " token= password=" + pass + "\n"; r.code != exitOK || r.stdout != want {
+			t.Fatalf("exec --pass-credentials: %v\nwant stdout %q", r, want)
+		}
+	})
+}
