@@ -28,7 +28,7 @@ Usage:
                    [--tls-cert FILE --tls-key FILE [--tls-ca FILE]] [--metrics-listen ADDR]
                    [--sync always|interval [--sync-interval DUR]]
                    [--server-name NAME --cluster-listen HOST:PORT --routes URL,...
-                    [--cluster-name NAME]]
+                    [--cluster-name NAME]] [--insecure-no-auth]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME [--count]
   seminit exec     --name NAME [--name NAME...] [--weight K] [--wait DUR] [--max-hold DUR]
@@ -71,6 +71,11 @@ nats://user:pass@host or amqp://user:pass@host, work too; these flags win):
 seminit server: --user/--password (or $TOKENSEM_PASSWORD) require those
 credentials; --tls-cert/--tls-key serve TLS only (its URL is tls://), and
 --tls-ca FILE also requires client certificates signed by FILE's CAs.
+A --listen address off loopback without --user or --tls-ca, and any
+--cluster-listen off loopback (cluster routes are not authenticated), is
+refused (exit 64): whoever reaches the port could take and delete every
+semaphore. --insecure-no-auth allows them, with a warning, where the network
+is the guard (a pod binding 0.0.0.0 behind a network policy).
 --sync always (the default with --store) fsyncs every JetStream write
 before acknowledging it; --sync interval (the default for a temporary store)
 fsyncs every --sync-interval (default 2m, nats-server's default). Interval

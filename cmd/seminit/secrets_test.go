@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tokensem/tokensem/internal/freeport"
+	"github.com/tokensem/tokensem/internal/testcerts"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -86,6 +88,48 @@ func TestExecChildCredentials(t *testing.T) {
 		r = startSeminit(t, b.env("TOKENSEM_PASSWORD="+pass), append([]string{"exec", "--pass-credentials", "--name", name}, show...)...).wait(60 * time.Second)
 		if want := "url=" + b.url + " token= password=" + pass + "\n"; r.code != exitOK || r.stdout != want {
 			t.Fatalf("exec --pass-credentials: %v\nwant stdout %q", r, want)
+		}
+	})
+}
+
+// TestServerOffLoopback: seminit server refuses to take clients without
+// credentials, or cluster routes, on an address off loopback unless
+// --insecure-no-auth says so, and then warns.
+func TestServerOffLoopback(t *testing.T) {
+	ports := freeport.Need(t, 4)
+	port := func(i int) string { _, p, _ := strings.Cut(ports[i], ":"); return p }
+	certs := testcerts.New(t)
+	b := broker{name: "nats", url: unreachable}
+	const refused = "anyone who can reach it can read, take and delete every semaphore"
+	runAuthCases(t, b, nil, []authCase{
+		{"every IPv4 address", nil, []string{"server", "--listen", "0.0.0.0:" + port(0)}, exitUsage, "--insecure-no-auth", ""},
+		{"every address", nil, []string{"server", "--listen", ":" + port(0)}, exitUsage, refused, ""},
+		{"every IPv6 address", nil, []string{"server", "--listen", "[::]:" + port(0)}, exitUsage, refused, ""},
+		{"a host name", nil, []string{"server", "--listen", "example.invalid:" + port(0)}, exitUsage, refused, ""},
+		{"TLS without client certificates", nil, []string{"server", "--listen", "0.0.0.0:" + port(0), "--tls-cert", certs.ServerCertFile, "--tls-key", certs.ServerKeyFile}, exitUsage, refused, ""},
+		{"cluster routes", nil, []string{"server", "--listen", "127.0.0.1:" + port(0), "--user", "alice", "--password", "pw",
+			"--server-name", "n1", "--cluster-listen", "0.0.0.0:" + port(1), "--routes", "nats-route://127.0.0.1:" + port(1)}, exitUsage, "routes are not authenticated", ""},
+	})
+
+	t.Run("insecure-no-auth", func(t *testing.T) {
+		p := startSeminit(t, serverEnv(), "server", "--listen", "0.0.0.0:"+port(2), "--insecure-no-auth")
+		if line := p.waitLine(20 * time.Second); !strings.Contains(line, "listening on") {
+			t.Fatalf("server said %q", line)
+		}
+		if !strings.Contains(p.stderr.String(), "warning: --insecure-no-auth") {
+			t.Errorf("stderr = %q, want a warning", p.stderr.String())
+		}
+		c := broker{name: "nats", url: "nats://127.0.0.1:" + port(2)}
+		name := uniqueName(t)
+		c.mustInit(t, name, 1)
+	})
+	t.Run("with a password", func(t *testing.T) {
+		p := startSeminit(t, serverEnv("TOKENSEM_PASSWORD=pw-"+runID), "server", "--listen", "0.0.0.0:"+port(3), "--user", "alice")
+		if line := p.waitLine(20 * time.Second); !strings.Contains(line, "listening on") {
+			t.Fatalf("server said %q", line)
+		}
+		if s := p.stderr.String(); s != "" {
+			t.Errorf("stderr = %q, want no warning", s)
 		}
 	})
 }
