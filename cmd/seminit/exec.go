@@ -58,6 +58,13 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if *wait < 0 || *hold < 0 || *lease < 0 || *killAfter <= 0 {
 		return usageErr{errors.New("--wait, --lease and --max-hold must not be negative, --kill-after must be positive")}
 	}
+	// 0 would silently mean no limit, no check: say so instead.
+	if isSet(fs, "max-hold") && *hold == 0 {
+		return usageErr{errors.New("--max-hold 0: want a positive duration (leave --max-hold out for no limit)")}
+	}
+	if isSet(fs, "lease") && *lease == 0 {
+		return usageErr{errors.New("--lease 0: want a positive duration (leave --lease out to take the semaphore's)")}
+	}
 	if *conflict < 0 || *conflict > 255 {
 		return usageErr{fmt.Errorf("--conflict-exit-code %d is not an exit code (0..255)", *conflict)}
 	}

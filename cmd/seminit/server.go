@@ -37,6 +37,9 @@ func runServer(ctx context.Context, e env, args []string) error {
 	if err := parse(fs, args, false); err != nil {
 		return err
 	}
+	if isSet(fs, "sync-interval") && *syncEvery <= 0 {
+		return usageErr{fmt.Errorf("--sync-interval %v: want a positive duration (leave it out for %v)", *syncEvery, embedded.DefaultSyncEvery)}
+	}
 	listenHost, _, err := net.SplitHostPort(*listen)
 	if err != nil {
 		return usageErr{fmt.Errorf("--listen %q: %w", *listen, err)}
