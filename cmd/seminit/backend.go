@@ -225,7 +225,7 @@ func connectNATS(ctx context.Context, g *globals, us []*url.URL) (backend, error
 	if err != nil {
 		return nil, err
 	}
-	opts := []nats.Option{nats.Name("seminit"), nats.Timeout(timeout)}
+	opts := []nats.Option{nats.Name("seminit"), nats.Timeout(timeout), natsErrorHandler(ctx, g.logger())}
 	if cr.userpass || cr.tokenSource != "" || cr.creds != "" {
 		// nats.go prefers the URL's userinfo to its options.
 		for _, u := range us {

@@ -394,7 +394,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	e := env{stdout: stdout, stderr: stderr, secrets: runSecrets(args[1:], os.Environ())}
-	err := cmd.run(ctx, e, args[1:])
+	ctx, refused := withRefusals(ctx)
+	err := refused.explain(cmd.run(ctx, e, args[1:]))
 	if err == nil {
 		return exitOK
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/url"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -131,5 +132,71 @@ func TestServerOffLoopback(t *testing.T) {
 		if s := p.stderr.String(); s != "" {
 			t.Errorf("stderr = %q, want no warning", s)
 		}
+	})
+}
+
+// TestPermissionDenied: an operation the broker's permissions refuse ends
+// in exit 77 with the refused subject or queue named, not in a timeout's 69;
+// nats.go's report of the refusal goes through seminit's log.
+func TestPermissionDenied(t *testing.T) {
+	t.Run("nats", func(t *testing.T) {
+		pass := "pw-" + runID + "-denied"
+		srv, err := embedded.Start(embedded.Config{Options: func(o *server.Options) error {
+			o.Users = []*server.User{
+				{Username: "admin", Password: pass},
+				// May connect and receive replies, publish nothing that
+				// reaches JetStream.
+				{Username: "nobody", Password: pass, Permissions: &server.Permissions{
+					Publish:   &server.SubjectPermission{Allow: []string{"nothing.>"}},
+					Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+				}},
+			}
+			return nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+		b := broker{name: "nats", url: srv.URL()}
+		name := uniqueName(t)
+		b.mustInit(t, name, 1, "--user", "admin", "--password", pass)
+		as := []string{"--user", "nobody", "--password", pass, "--timeout", "1s"}
+		runAuthCases(t, b, []string{pass}, []authCase{
+			{"status", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, `Permissions Violation for Publish to "$JS.API.`, ""},
+			{"init", nil, append([]string{"init", "--name", uniqueName(t), "--permits", "1"}, as...), exitNoAuth, "permission denied", ""},
+			{"list", nil, append([]string{"list"}, as...), exitNoAuth, "Permissions Violation", ""},
+			{"exec", nil, append([]string{"exec", "--name", name}, append(as, "--", "echo", "must not run")...), exitNoAuth, "Permissions Violation", ""},
+			{"log", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, `level=WARN msg="nats: the server reported an error"`, ""},
+		})
+	})
+	t.Run("amqp", func(t *testing.T) {
+		b := amqpBroker(t)
+		user, pass := "cli-secrets-"+runID, "pw-"+runID+"-denied"
+		ctl := func(args ...string) {
+			t.Helper()
+			if out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput(); err != nil {
+				t.Fatalf("rabbitmqctl %q: %v\n%s", args, err, out)
+			}
+		}
+		ctl("add_user", user, pass)
+		t.Cleanup(func() { ctl("delete_user", user) })
+		// May connect to the vhost; may configure, write and read nothing.
+		u, err := url.Parse(b.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vhost := strings.TrimPrefix(u.Path, "/")
+		if vhost == "" {
+			vhost = "/"
+		}
+		ctl("set_permissions", "-p", vhost, user, "^$", "^$", "^$")
+		name := uniqueName(t)
+		b.mustInit(t, name, 1)
+		as := []string{"--user", user, "--password", pass, "--timeout", "1s"}
+		runAuthCases(t, b, []string{pass}, []authCase{
+			{"status", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, "ACCESS_REFUSED", ""},
+			{"init", nil, append([]string{"init", "--name", uniqueName(t), "--permits", "1"}, as...), exitNoAuth, "ACCESS_REFUSED", ""},
+			{"list", nil, append([]string{"list"}, as...), exitNoAuth, "ACCESS_REFUSED", ""},
+		})
 	})
 }
