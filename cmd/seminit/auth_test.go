@@ -209,6 +209,15 @@ func TestNATSToken(t *testing.T) {
 		{"wrong flag", nil, []string{"status", "--name", name, "--token", wrong}, exitNoAuth, "Authorization Violation", ""},
 		{"wrong env", []string{"TOKENSEM_TOKEN=" + wrong}, []string{"status", "--name", name}, exitNoAuth, "Authorization Violation", ""},
 		{"none", nil, []string{"status", "--name", name}, exitNoAuth, "Authorization Violation", ""},
+		// nats.go takes a URL's userinfo without a password as a token:
+		// it is a secret, and messages show it as xxxxx.
+		{"wrong url", nil, []string{"status", "--name", name, "--url", withUser(t, srv.URL(), wrong, "")}, exitNoAuth, "nats://xxxxx@", ""},
+		{"wrong url list", nil, []string{"status", "--name", name, "--url", withUser(t, srv.URL(), wrong, "") + "," + withUser(t, srv.URL(), wrong, "")}, exitNoAuth, "Authorization Violation", ""},
+		{"wrong env url", []string{"TOKENSEM_URL=" + withUser(t, srv.URL(), wrong, "")}, []string{"status", "--name", name}, exitNoAuth, "Authorization Violation", ""},
+		{"wrong url, debug log", nil, []string{"exec", "--log-level", "debug", "--name", name, "--url", withUser(t, srv.URL(), wrong, ""), "--", "true"}, exitNoAuth, "Authorization Violation", ""},
+		{"unreachable url", nil, []string{"status", "--name", name, "--url", withUser(t, unreachable, token, "")}, exitUnavailable, "nats://xxxxx@127.0.0.1:1", ""},
+		{"url with a bad port", nil, []string{"status", "--name", name, "--url", "nats://" + token + "@127.0.0.1:port"}, exitUsage, "not a broker URL", ""},
+		{"help shows the default url", []string{"TOKENSEM_URL=" + withUser(t, srv.URL(), token, "")}, []string{"status", "--help"}, exitOK, "", "nats://xxxxx@"},
 	})
 }
 

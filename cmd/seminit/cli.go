@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/redact"
 )
 
 // DefaultURL is used when neither --url nor TOKENSEM_URL is set.
@@ -27,11 +28,12 @@ Usage:
                    [--tls-cert FILE --tls-key FILE [--tls-ca FILE]] [--metrics-listen ADDR]
                    [--sync always|interval [--sync-interval DUR]]
                    [--server-name NAME --cluster-listen HOST:PORT --routes URL,...
-                    [--cluster-name NAME]]
+                    [--cluster-name NAME]] [--insecure-no-auth]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
   seminit status   --name NAME [--count]
   seminit exec     --name NAME [--name NAME...] [--weight K] [--wait DUR] [--max-hold DUR]
-                   [--kill-after DUR] [--conflict-exit-code N] -- CMD [ARGS...]
+                   [--kill-after DUR] [--conflict-exit-code N] [--pass-credentials]
+                   -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
   seminit list
@@ -74,6 +76,11 @@ nats://user:pass@host or amqp://user:pass@host, work too; these flags win):
 seminit server: --user/--password (or $TOKENSEM_PASSWORD) require those
 credentials; --tls-cert/--tls-key serve TLS only (its URL is tls://), and
 --tls-ca FILE also requires client certificates signed by FILE's CAs.
+A --listen address off loopback without --user or --tls-ca, and any
+--cluster-listen off loopback (cluster routes are not authenticated), is
+refused (exit 64): whoever reaches the port could take and delete every
+semaphore. --insecure-no-auth allows them, with a warning, where the network
+is the guard (a pod binding 0.0.0.0 behind a network policy).
 --sync always (the default with --store) fsyncs every JetStream write
 before acknowledging it; --sync interval (the default for a temporary store)
 fsyncs every --sync-interval (default 2m, nats-server's default). Interval
@@ -95,7 +102,8 @@ unreachable or failing a request, 70 exec: permit lost (child stopped), 75 no
 permit within --wait (a waiter rides through a cluster's failover until then),
 or too many callers waiting already, or delete: a permit is held (nothing
 changed; --force deletes anyway and every holder's exec exits 70), 77 credentials
-refused, 78 not initialized, permit-count/lease/key mismatch, or a stored
+refused, or an operation the broker's permissions refuse (the message names
+the subject, queue or exchange; never retried), 78 not initialized, permit-count/lease/key mismatch, or a stored
 configuration that is invalid (delete --force removes it), 124 exec: --max-hold
 ran out (child stopped), 128+N exec: interrupted by signal N; otherwise exec
 exits with the command's status; --weight above the semaphore's permits exits
@@ -104,6 +112,10 @@ index) and TOKENSEM_FENCE (the fencing number, to hand to the protected
 resource) of its first permit, and TOKENSEM_NAMES, TOKENSEM_SLOTS and
 TOKENSEM_FENCES of all of them (--weight K: K entries; --name given more than
 once: one per semaphore, in the order given), comma-separated, in one order.
+It carries no credentials: $TOKENSEM_URL without its password or token, and
+none of $TOKENSEM_PASSWORD, $TOKENSEM_TOKEN and $TOKENSEM_KEY, unless
+--pass-credentials hands them on as seminit got them (for a command that runs
+seminit itself).
 `
 
 // globals are the flags every broker verb shares.
@@ -130,9 +142,66 @@ type globals struct {
 	logLevel slog.Level // --log-level: the libraries' log on stderr
 }
 
-// logger is the libraries' log: text on stderr, from --log-level up.
+// logger is the libraries' log: text on stderr, from --log-level up, with
+// every credential hidden (redact.Text) in its message and attributes.
 func (g *globals) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(g.warn, &slog.HandlerOptions{Level: g.logLevel}))
+	secrets := g.secrets()
+	return slog.New(slog.NewTextHandler(g.warn, &slog.HandlerOptions{
+		Level: g.logLevel,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			switch a.Value.Kind() {
+			case slog.KindString:
+				a.Value = slog.StringValue(redact.Text(a.Value.String(), secrets...))
+			case slog.KindAny:
+				a.Value = slog.StringValue(redact.Text(fmt.Sprint(a.Value.Any()), secrets...))
+			}
+			return a
+		},
+	}))
+}
+
+// secrets are the credentials g was given, in flags, the environment and
+// the URL, for redact.Text.
+func (g *globals) secrets() []string {
+	pass, _ := g.password()
+	tok, _ := g.token()
+	return append(redact.Secrets(g.url), pass, tok, os.Getenv("TOKENSEM_KEY"))
+}
+
+// runSecrets are the credentials a run of seminit was given in its
+// arguments (--password, --token, --url) and its environment
+// ($TOKENSEM_PASSWORD, $TOKENSEM_TOKEN, $TOKENSEM_KEY, $TOKENSEM_URL):
+// what run hides in every message, whatever quotes them. It reads the
+// arguments itself, so that it holds even for a run whose flags fail to
+// parse.
+func runSecrets(args, environ []string) []string {
+	var out []string
+	take := func(name, v string) {
+		switch name {
+		case "--url", "TOKENSEM_URL":
+			out = append(out, redact.Secrets(v)...)
+		case "--password", "--token", "TOKENSEM_PASSWORD", "TOKENSEM_TOKEN", "TOKENSEM_KEY":
+			out = append(out, v)
+		}
+	}
+	for _, kv := range environ {
+		name, v, _ := strings.Cut(kv, "=")
+		take(name, v)
+	}
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, v, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !hasValue && i+1 < len(args) {
+			v = args[i+1]
+		}
+		take("--"+name, v)
+	}
+	return out
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -280,6 +349,12 @@ func (g *globals) key() ([]byte, error) {
 // env carries a command's streams.
 type env struct {
 	stdout, stderr io.Writer
+	secrets        []string // hidden in messages: runSecrets
+}
+
+// warnf prints a message on stderr with every credential hidden.
+func (e env) warnf(format string, args ...any) {
+	fmt.Fprint(e.stderr, redact.Text(fmt.Sprintf(format, args...), e.secrets...))
 }
 
 func (e env) printJSON(v any) {
@@ -325,7 +400,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "seminit: unknown command %q%s; seminit --help lists the commands\n", args[0], hint)
 		return exitUsage
 	}
-	err := cmd.run(ctx, env{stdout: stdout, stderr: stderr}, args[1:])
+	e := env{stdout: stdout, stderr: stderr, secrets: runSecrets(args[1:], os.Environ())}
+	ctx, refused := withRefusals(ctx)
+	err := refused.explain(cmd.run(ctx, e, args[1:]))
 	if err == nil {
 		return exitOK
 	}
@@ -337,7 +414,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	code := exitCode(err)
 	var ec exitCodeErr
 	if !errors.As(err, &ec) || ec.err != nil {
-		fmt.Fprintf(stderr, "seminit %s: %v\n", args[0], err)
+		e.warnf("seminit %s: %v\n", args[0], err)
 	}
 	return code
 }

@@ -89,6 +89,18 @@ func TestUsage(t *testing.T) {
 		{"zero timeout", []string{"status", "--url", unreachable, "--name", "x", "--timeout", "0s"}, exitUsage, "", "--timeout"},
 		{"bad log level", []string{"status", "--url", unreachable, "--name", "x", "--log-level", "loud"}, exitUsage, "", "want debug, info, warn or error"},
 		{"exec negative max-hold", []string{"exec", "--url", unreachable, "--name", "x", "--max-hold", "-1s", "--", "true"}, exitUsage, "", "must not be negative"},
+		// A 0 that would silently mean a default is an error; the others
+		// are documented.
+		{"init zero lease", []string{"init", "--url", unreachable, "--name", "x", "--permits", "1", "--lease", "0"}, exitUsage, "", "--lease 0s: want a positive duration (leave --lease out for the default, 15s)"},
+		{"init zero lease amqp", []string{"init", "--url", "amqp://127.0.0.1:1/", "--name", "x", "--permits", "1", "--lease", "0s"}, exitUsage, "", "--lease 0s: want a positive duration"},
+		{"init zero replicas", []string{"init", "--url", unreachable, "--name", "x", "--permits", "1", "--replicas", "0"}, exitUsage, "", "--replicas 0: want 1 or 3"},
+		{"exec zero max-hold", []string{"exec", "--url", unreachable, "--name", "x", "--max-hold", "0", "--", "true"}, exitUsage, "", "--max-hold 0: want a positive duration"},
+		{"exec zero lease", []string{"exec", "--url", unreachable, "--name", "x", "--lease", "0s", "--", "true"}, exitUsage, "", "--lease 0: want a positive duration"},
+		{"reconcile zero watch", []string{"reconcile", "--url", unreachable, "--name", "x", "--watch", "0s"}, exitUsage, "", "--watch 0: want a positive interval"},
+		{"server zero sync interval", []string{"server", "--listen", "127.0.0.1:0", "--sync", "interval", "--sync-interval", "0s"}, exitUsage, "", "--sync-interval 0s: want a positive duration"},
+		{"exec wait 0 documented", []string{"exec", "--help"}, exitOK, "0 tries once", ""},
+		{"resize step 0 documented", []string{"resize", "--help"}, exitOK, "(0, the default: all at once)", ""},
+		{"resize interval 0 documented", []string{"resize", "--help"}, exitOK, "pause between steps (0: none)", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

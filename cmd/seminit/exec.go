@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/redact"
 )
 
 // runExec acquires a permit, runs a command while holding it, releases it
@@ -31,6 +32,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	hold := fs.Duration("max-hold", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
 	lease := fs.Duration("lease", 0, "the lease you expect; the semaphore's stored lease (set by init) governs, and a different value is reported")
 	killAfter := fs.Duration("kill-after", 10*time.Second, "after SIGTERM, SIGKILL the command if it has not exited within DUR")
+	passCreds := fs.Bool("pass-credentials", false, "hand the command $TOKENSEM_URL whole and $TOKENSEM_PASSWORD, $TOKENSEM_TOKEN and $TOKENSEM_KEY (default: the URL without its credentials and none of the others)")
 	conflict := fs.Int("conflict-exit-code", exitNoPermit, "exit with N when no permit comes within --wait (or too many wait), as flock -E: pick one your command never uses")
 	if err := parse(fs, args, true); err != nil {
 		return err
@@ -56,6 +58,13 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if *wait < 0 || *hold < 0 || *lease < 0 || *killAfter <= 0 {
 		return usageErr{errors.New("--wait, --lease and --max-hold must not be negative, --kill-after must be positive")}
 	}
+	// 0 would silently mean no limit, no check: say so instead.
+	if isSet(fs, "max-hold") && *hold == 0 {
+		return usageErr{errors.New("--max-hold 0: want a positive duration (leave --max-hold out for no limit)")}
+	}
+	if isSet(fs, "lease") && *lease == 0 {
+		return usageErr{errors.New("--lease 0: want a positive duration (leave --lease out to take the semaphore's)")}
+	}
 	if *conflict < 0 || *conflict > 255 {
 		return usageErr{fmt.Errorf("--conflict-exit-code %d is not an exit code (0..255)", *conflict)}
 	}
@@ -66,7 +75,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	defer done()
 	for i, s := range sems {
 		if l, ok := s.(interface{ Lease() time.Duration }); ok && *lease != 0 && l.Lease() != *lease {
-			fmt.Fprintf(e.stderr, "seminit exec: %s has a lease of %v (set by init); --lease %v does not change it\n", names[i], l.Lease(), *lease)
+			e.warnf("seminit exec: %s has a lease of %v (set by init); --lease %v does not change it\n", names[i], l.Lease(), *lease)
 		}
 	}
 
@@ -108,13 +117,17 @@ func runExec(ctx context.Context, e env, args []string) error {
 		rctx, cancel := context.WithTimeout(context.Background(), tokensem.ReleaseTimeout)
 		defer cancel()
 		if err := p.Release(rctx); err != nil && !errors.Is(err, tokensem.ErrReleased) && !errors.Is(err, tokensem.ErrLeaseLost) {
-			fmt.Fprintf(e.stderr, "seminit exec: release: %v\n", err)
+			e.warnf("seminit exec: release: %v\n", err)
 		}
 	}()
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, e.stdout, e.stderr
-	cmd.Env = append(childEnv(os.Environ()), permitEnv(p)...)
+	env := os.Environ()
+	if !*passCreds {
+		env = childEnv(env)
+	}
+	cmd.Env = append(env, permitEnv(p)...)
 	// Own process group, so a stop reaches the command's children too; and,
 	// where the system can, killed with seminit: a command that outlives
 	// its permit holder would run unprotected once the permit is handed on.
@@ -224,15 +237,22 @@ func childExit(err error) error {
 }
 
 // secretEnv are the variables that carry broker credentials or the signing
-// key: seminit read them, the command it runs does not get them.
+// key: seminit read them, the command it runs does not get them (unless
+// --pass-credentials).
 var secretEnv = []string{"TOKENSEM_PASSWORD", "TOKENSEM_TOKEN", "TOKENSEM_KEY"}
 
-// childEnv is env without the secrets.
+// childEnv is env without the secrets, and with $TOKENSEM_URL's
+// credentials removed (redact.Strip): the command learns which broker, not
+// how to log in to it.
 func childEnv(env []string) []string {
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
-		name, _, _ := strings.Cut(kv, "=")
-		if !slices.Contains(secretEnv, name) {
+		name, v, _ := strings.Cut(kv, "=")
+		switch {
+		case slices.Contains(secretEnv, name):
+		case name == "TOKENSEM_URL":
+			out = append(out, name+"="+redact.Strip(v))
+		default:
 			out = append(out, kv)
 		}
 	}

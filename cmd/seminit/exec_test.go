@@ -14,4 +14,10 @@ func TestChildEnv(t *testing.T) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("childEnv = %q, want %q", got, want)
 	}
+	// The URL names the broker without the credentials in it.
+	got = childEnv([]string{"TOKENSEM_URL=amqp://bob:s3cret@h1/,amqp://bob:s3cret@h2/", "X=nats://t0k@h"})
+	want = []string{"TOKENSEM_URL=amqp://bob@h1/,amqp://bob@h2/", "X=nats://t0k@h"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("childEnv = %q, want %q", got, want)
+	}
 }

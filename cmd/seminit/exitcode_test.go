@@ -42,6 +42,8 @@ func TestExitCodes(t *testing.T) {
 		{"invalid stored configuration", wrapped(tokensem.ErrInvalidRecord), exitConfig},
 		{"credentials", authErr{wrapped(amqpsem.ErrAuth)}, exitNoAuth},
 		{"permission denied", wrapped(tokensem.ErrPermissionDenied), exitNoAuth},
+		{"nats permissions violation", wrapped(fmt.Errorf("%w: Permissions Violation for Publish to \"x\"", nats.ErrPermissionViolation)), exitNoAuth},
+		{"amqp access refused", wrapped(&amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED - access to queue 'q' refused"}), exitNoAuth},
 		{"unreachable (dial)", unavailableErr{wrapped(amqpsem.ErrUnreachable)}, exitUnavailable},
 		{"TLS", unavailableErr{wrapped(amqpsem.ErrTLS)}, exitUnavailable},
 		{"amqp unreachable after dial", wrapped(amqpsem.ErrUnreachable), exitUnavailable},

@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/tokensem/tokensem"
 )
 
@@ -78,10 +81,11 @@ func (e exitCodeErr) Unwrap() error { return e.err }
 
 func exitCode(err error) int {
 	var (
-		ec exitCodeErr
-		ue usageErr
-		ua unavailableErr
-		ae authErr
+		ec      exitCodeErr
+		ue      usageErr
+		ua      unavailableErr
+		ae      authErr
+		amqpErr *amqp.Error
 	)
 	switch {
 	case errors.As(err, &ec):
@@ -91,7 +95,10 @@ func exitCode(err error) int {
 		errors.Is(err, tokensem.ErrInvalidOption), errors.Is(err, tokensem.ErrWeightExceedsPermits),
 		errors.Is(err, tokensem.ErrAmbiguousOrder):
 		return exitUsage
-	case errors.As(err, &ae), errors.Is(err, tokensem.ErrPermissionDenied):
+	case errors.As(err, &ae), errors.Is(err, tokensem.ErrPermissionDenied),
+		errors.Is(err, nats.ErrPermissionViolation), errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused:
+		// The last two: a refusal a backend passed on without
+		// ErrPermissionDenied.
 		return exitNoAuth
 	case errors.As(err, &ua):
 		return exitUnavailable

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+
+	"github.com/tokensem/tokensem/internal/redact"
 )
 
 // helpErr asks for a verb's help (-h or --help after the verb).
@@ -42,7 +44,9 @@ func verbHelp(w io.Writer, verb string, fs *flag.FlagSet) {
 			!strings.Contains(text, "(default") {
 			text += fmt.Sprintf(" (default %s)", f.DefValue)
 		}
-		fmt.Fprintf(w, "%s\n      %s\n", line, text)
+		// A default from the environment ($TOKENSEM_URL) may hold
+		// credentials.
+		fmt.Fprintf(w, "%s\n      %s\n", line, redact.Text(text))
 	})
 	fmt.Fprintln(w, "\nseminit --help shows every verb, the URL and credential rules and the exit codes.")
 }

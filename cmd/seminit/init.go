@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"time"
+
+	"github.com/tokensem/tokensem"
 )
 
 // runInit creates a semaphore, or checks an existing one has the same
@@ -15,10 +17,17 @@ func runInit(ctx context.Context, e env, args []string) error {
 	g.register(fs)
 	name := fs.String("name", "", "semaphore name")
 	permits := fs.Int("permits", 0, "number of permits (N > 0)")
-	lease := fs.Duration("lease", 0, "holder lease (default 15s)")
+	lease := fs.Duration("lease", 0, fmt.Sprintf("holder lease, positive (default %v)", tokensem.DefaultLease))
 	replicas := fs.Int("replicas", 0, "stream and KV replicas: 1 or 3 (default 1)")
 	if err := parse(fs, args, false); err != nil {
 		return err
+	}
+	// 0 would silently mean the default: say so instead.
+	if isSet(fs, "lease") && *lease <= 0 {
+		return usageErr{fmt.Errorf("--lease %v: want a positive duration (leave --lease out for the default, %v)", *lease, tokensem.DefaultLease)}
+	}
+	if isSet(fs, "replicas") && *replicas <= 0 {
+		return usageErr{fmt.Errorf("--replicas %d: want 1 or 3 (leave --replicas out for 1)", *replicas)}
 	}
 	if err := requireName(*name); err != nil {
 		return err

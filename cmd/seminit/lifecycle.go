@@ -52,7 +52,7 @@ func runList(ctx context.Context, e env, args []string) error {
 	}
 	for _, in := range infos {
 		if in.Warning != "" {
-			fmt.Fprintf(e.stderr, "seminit: %s: %s\n", in.Name, in.Warning)
+			e.warnf("seminit: %s: %s\n", in.Name, in.Warning)
 		}
 	}
 	return nil

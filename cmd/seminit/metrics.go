@@ -37,7 +37,7 @@ func serveMetrics(ctx context.Context, e env, addr string, reg *prometheus.Regis
 	go func() {
 		defer close(served)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintf(e.stderr, "seminit: metrics server: %v\n", err)
+			e.warnf("seminit: metrics server: %v\n", err)
 		}
 	}()
 	fmt.Fprintf(e.stderr, "seminit: metrics on http://%s/metrics\n", ln.Addr())

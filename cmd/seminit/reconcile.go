@@ -36,6 +36,9 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 	if *watch < 0 {
 		return usageErr{errors.New("--watch must not be negative")}
 	}
+	if isSet(fs, "watch") && *watch == 0 {
+		return usageErr{errors.New("--watch 0: want a positive interval (leave --watch out to run once)")}
+	}
 	if *metricsAddr != "" && *watch == 0 {
 		return usageErr{errors.New("--metrics-listen needs --watch")}
 	}
@@ -74,7 +77,7 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 				}
 			}
 			if err != nil {
-				fmt.Fprintf(e.stderr, "seminit reconcile: %v\n", err)
+				e.warnf("seminit reconcile: %v\n", err)
 				return
 			}
 			printReport(e, &g, *name, r)

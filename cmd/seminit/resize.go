@@ -25,8 +25,8 @@ func runResize(ctx context.Context, e env, args []string) error {
 	g.register(fs)
 	name := fs.String("name", "", "semaphore name")
 	permits := fs.Int("permits", 0, "new number of permits (M > 0)")
-	step := fs.Int("step", 0, "change by at most K permits at a time (default: all at once)")
-	interval := fs.Duration("interval", 5*time.Second, "pause between steps")
+	step := fs.Int("step", 0, "change by at most K permits at a time (0, the default: all at once)")
+	interval := fs.Duration("interval", 5*time.Second, "pause between steps (0: none)")
 	if err := parse(fs, args, false); err != nil {
 		return err
 	}

@@ -33,10 +33,15 @@ func runServer(ctx context.Context, e env, args []string) error {
 	clusterListen := fs.String("cluster-listen", "", "host:port to accept cluster routes on; makes this a cluster node")
 	routes := fs.String("routes", "", "comma-separated nats-route://host:port of the cluster's nodes")
 	clusterName := fs.String("cluster-name", "", "cluster name (default "+embedded.DefaultClusterName+")")
+	insecure := fs.Bool("insecure-no-auth", false, "allow --listen off loopback without --user or --tls-ca, and --cluster-listen off loopback (routes are never authenticated); warns")
 	if err := parse(fs, args, false); err != nil {
 		return err
 	}
-	if _, _, err := net.SplitHostPort(*listen); err != nil {
+	if isSet(fs, "sync-interval") && *syncEvery <= 0 {
+		return usageErr{fmt.Errorf("--sync-interval %v: want a positive duration (leave it out for %v)", *syncEvery, embedded.DefaultSyncEvery)}
+	}
+	listenHost, _, err := net.SplitHostPort(*listen)
+	if err != nil {
 		return usageErr{fmt.Errorf("--listen %q: %w", *listen, err)}
 	}
 	cfg := embedded.Config{Listen: *listen, StoreDir: *store, Sync: sync, SyncEvery: *syncEvery,
@@ -74,6 +79,10 @@ func runServer(ctx context.Context, e env, args []string) error {
 			tc.ClientAuth = tls.RequireAndVerifyClientCert
 		}
 		cfg.TLS = tc
+	}
+
+	if err := checkExposure(e, listenHost, *clusterListen, cfg.User != "" || *tlsCA != "", *insecure); err != nil {
+		return err
 	}
 
 	srv, err := embedded.Start(cfg)
@@ -125,4 +134,44 @@ func runServer(ctx context.Context, e env, args []string) error {
 	<-ctx.Done()
 	fmt.Fprintln(e.stdout, "seminit: shutting down")
 	return nil
+}
+
+// checkExposure refuses a server that anyone on the network could use
+// without credentials: --listen off loopback with no client authentication
+// (--user, or client certificates with --tls-ca), and --cluster-listen off
+// loopback (cluster routes are not authenticated: a stranger could join as
+// a node and read every message). --insecure-no-auth allows both, with a
+// warning on stderr: an init container binding 0.0.0.0 inside a pod whose
+// network policy is the guard says so once, in its manifest.
+func checkExposure(e env, listenHost, clusterListen string, clientAuth, insecure bool) error {
+	var open []string
+	if !clientAuth && !isLoopback(listenHost) {
+		open = append(open, fmt.Sprintf("--listen %s takes clients without credentials (give --user/--password or --tls-ca)", cmp.Or(listenHost, "(every address)")))
+	}
+	if clusterListen != "" {
+		// One that does not parse is embedded.Start's to report.
+		if host, _, err := net.SplitHostPort(clusterListen); err == nil && !isLoopback(host) {
+			open = append(open, fmt.Sprintf("--cluster-listen %s takes routes from any node (cluster routes are not authenticated)", cmp.Or(host, "(every address)")))
+		}
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	what := strings.Join(open, "; ")
+	if !insecure {
+		return usageErr{fmt.Errorf("%s: anyone who can reach it can read, take and delete every semaphore. Bind to loopback, or, on a network only trusted hosts reach, say so with --insecure-no-auth", what)}
+	}
+	e.warnf("seminit: warning: --insecure-no-auth: %s: anyone who can reach it can read, take and delete every semaphore\n", what)
+	return nil
+}
+
+// isLoopback reports whether host, from a host:port to listen on, is a
+// loopback address: a literal one, or "localhost". Any other name, and ""
+// (every address), is not.
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
