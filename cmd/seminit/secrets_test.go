@@ -162,10 +162,10 @@ func TestPermissionDenied(t *testing.T) {
 		b.mustInit(t, name, 1, "--user", "admin", "--password", pass)
 		as := []string{"--user", "nobody", "--password", pass, "--timeout", "1s"}
 		runAuthCases(t, b, []string{pass}, []authCase{
-			{"status", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, `Permissions Violation for Publish to "$JS.API.`, ""},
+			{"status", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, `permission denied: the broker refused to let this user publish to "$JS.API.`, ""},
 			{"init", nil, append([]string{"init", "--name", uniqueName(t), "--permits", "1"}, as...), exitNoAuth, "permission denied", ""},
-			{"list", nil, append([]string{"list"}, as...), exitNoAuth, "Permissions Violation", ""},
-			{"exec", nil, append([]string{"exec", "--name", name}, append(as, "--", "echo", "must not run")...), exitNoAuth, "Permissions Violation", ""},
+			{"list", nil, append([]string{"list"}, as...), exitNoAuth, "permission denied", ""},
+			{"exec", nil, append([]string{"exec", "--name", name}, append(as, "--", "echo", "must not run")...), exitNoAuth, "permission denied", ""},
 			{"log", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, `level=WARN msg="nats: the server reported an error"`, ""},
 		})
 	})
@@ -194,9 +194,9 @@ func TestPermissionDenied(t *testing.T) {
 		b.mustInit(t, name, 1)
 		as := []string{"--user", user, "--password", pass, "--timeout", "1s"}
 		runAuthCases(t, b, []string{pass}, []authCase{
-			{"status", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, "ACCESS_REFUSED", ""},
-			{"init", nil, append([]string{"init", "--name", uniqueName(t), "--permits", "1"}, as...), exitNoAuth, "ACCESS_REFUSED", ""},
-			{"list", nil, append([]string{"list"}, as...), exitNoAuth, "ACCESS_REFUSED", ""},
+			{"status", nil, append([]string{"status", "--name", name}, as...), exitNoAuth, "permission denied: read permission on queue", ""},
+			{"init", nil, append([]string{"init", "--name", uniqueName(t), "--permits", "1"}, as...), exitNoAuth, "permission denied: configure permission on queue", ""},
+			{"list", nil, append([]string{"list"}, as...), exitNoAuth, "permission denied: configure permission on queue 'tokensem..registry.lock'", ""},
 		})
 	})
 }
