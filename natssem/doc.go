@@ -211,18 +211,18 @@
 //     marks it before it closes a slot, and a refused one reopens its
 //     slots before it unmarks it); otherwise a claim judges the record
 //     without the mark and writes it over, and Status warns of it.
-//   - Make a held token vanish silently. An ack of a held token removes it
+//   - Make a held token vanish unseen. An ack of a held token removes it
 //     from a semaphore's own (work-queue) stream, a message delete from
-//     any stream, and the holder's Nak would then hand nothing back. A
-//     renewal and Release read the token by its sequence: if it is gone,
-//     the permit is lost (Done closes; Release returns an error wrapping
-//     tokensem.ErrLeaseLost), its record is freed, Status and reconcile
-//     report the slot missing, and reconcile issues it again. Until the
-//     holder learns it (at its next renewal, within a third of the lease,
-//     or at its release), Status and reconcile report the slot unhealthy:
-//     held by a record naming no token in the stream. Not covered: an ack
-//     of a group key's token, which its group's stream keeps (it stays
-//     readable while its consumer never delivers it again).
+//     any stream, and the holder's Nak then hands nothing back. Status and
+//     reconcile report the slot unhealthy at once (held by a record naming
+//     no token in the stream), and once its holder releases, the slot is
+//     missing and reconcile issues it again. The holder keeps its permit:
+//     its record still keeps everyone else off the slot, and a holder told
+//     of a loss would be told wrongly when a shrink or a reconcile removed
+//     a token its census saw free just as a claim took it (the claim's
+//     record is written after the census read). Not covered: an ack of a
+//     group key's token, which its group's stream keeps (it stays readable
+//     while its consumer never delivers it again).
 //
 // What is left is inherent in the rights and is not closed:
 //   - A user who may write slot records may hold a slot without a token,

@@ -228,11 +228,13 @@ func deleteHeld(t *testing.T, f forgedSem, seq uint64) {
 }
 
 // TestAckedHeldToken: someone else's +ACK of a held token removes it from
-// the stream (a message delete does the same, also on a group's stream). Status says so at once (unhealthy, naming the slot), and the
-// holder learns of it: Release returns an error wrapping
-// tokensem.ErrLeaseLost instead of nil, or a renewal finds the token gone
-// and Done closes. Either frees the record, and a reconcile issues the
-// slot's token again.
+// the stream (a message delete does the same, also on a group's stream).
+// The token does not vanish unseen: Status says so at once (unhealthy,
+// naming the slot), and after the release the slot is missing, which a
+// reconcile issues again. The holder keeps its permit meanwhile: its
+// record still keeps everyone else off the slot (a holder told of a loss
+// here would be told wrongly when a shrink's resize or a reconcile removed
+// a token just claimed, as TestClusterContention found).
 func TestAckedHeldToken(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -260,19 +262,16 @@ func TestAckedHeldToken(t *testing.T) {
 				t.Errorf("status with the held token acked away: %+v, want it unhealthy, naming slot 0", st)
 			}
 			if tc.wait {
+				// The holder's record still keeps everyone else off the
+				// slot, so its permit stays valid through its renewals.
 				select {
 				case <-p.Done():
-				case <-time.After(5 * tc.lease):
-					t.Fatalf("Done did not close after the token was acked away")
+					t.Fatalf("Done closed after the token was acked away: %v", p.Err())
+				case <-time.After(3 * tc.lease):
 				}
 			}
-			if err := p.Release(t.Context()); !errors.Is(err, tokensem.ErrLeaseLost) {
-				t.Fatalf("Release of a permit whose token was acked away: %v, want ErrLeaseLost", err)
-			}
-			select {
-			case <-p.Done():
-			default:
-				t.Fatal("Done open after a failed Release")
+			if err := p.Release(t.Context()); err != nil {
+				t.Fatalf("Release of a permit whose token was acked away: %v", err)
 			}
 			if st := f.status(t); len(st.Missing) != 1 || st.Held != 0 {
 				t.Errorf("status after the loss: %+v, want slot 0 missing and free", st)

@@ -111,13 +111,6 @@ func (p *Permit) run() {
 			case errors.Is(err, errTakenOver), errors.Is(err, errDeleted), errors.Is(err, nats.ErrConnectionClosed):
 				p.lose(err)
 				return
-			case errors.Is(err, errTokenGone):
-				// Told first (Done closes), then the record is freed so
-				// that the token a reconcile issues for the slot can be
-				// claimed without waiting a lease.
-				p.lose(err)
-				p.freeAfterLoss()
-				return
 			case answered(err) && p.s.gone(p.ctx, p.Deadline()):
 				p.lose(fmt.Errorf("%w (renewal: %v)", errDeleted, err))
 				return
@@ -130,10 +123,9 @@ func (p *Permit) run() {
 	}
 }
 
-// renew rewrites the slot record (compare-and-set on our revision), checks
-// that the token is still in the stream, and then tells the server the
-// delivery is still in progress. The deadline moves only by a write that is
-// known to have landed. A token that is gone is errTokenGone.
+// renew rewrites the slot record (compare-and-set on our revision) and then
+// tells the server the delivery is still in progress. The deadline moves
+// only by a write that is known to have landed.
 func (p *Permit) renew() error {
 	ctx, cancel := context.WithDeadline(p.ctx, p.Deadline())
 	defer cancel()
@@ -144,61 +136,7 @@ func (p *Permit) renew() error {
 	p.mu.Lock()
 	p.deadline = deadline(sent, p.lease)
 	p.mu.Unlock()
-	if p.tokenGone(ctx) {
-		return errTokenGone
-	}
 	return wrapBrokerErr(p.s.nc.Publish(p.d.reply, ackProgress))
-}
-
-// errTokenGone is the cause of a loss when the permit's token message is
-// no longer in the stream. JetStream matches acks by stream sequence alone,
-// so anyone who may ack (or delete messages) on the stream can remove a held
-// token; its holder's Nak would then hand nothing back, and the permit
-// would silently go out of the semaphore.
-var errTokenGone = errors.New("natssem: the token was removed from the stream by someone else (an ack or a message delete)")
-
-// tokenGone reports whether the permit's token message is no longer in the
-// stream. A direct get may be answered by a replica behind the leader, so
-// one that finds nothing is asked again as replicaWait says before the
-// token counts as gone; a read that fails counts as not gone.
-//
-// A key of a group is not covered: its stream keeps acknowledged messages
-// (see createGroupStream), so a token acked by someone else stays readable
-// while its consumer never delivers it again.
-func (p *Permit) tokenGone(ctx context.Context) bool {
-	bound, pause := p.s.replicaWait()
-	limit, cancel := context.WithTimeout(ctx, bound)
-	defer cancel()
-	for {
-		lives, err := p.s.tokenLives(ctx, p.d.seq, p.d.tok)
-		switch {
-		case err != nil:
-			p.s.log.Debug("could not check that the token is still in the stream", "index", p.d.tok.Index, "err", err)
-			return false
-		case lives:
-			return false
-		}
-		if pause.Wait(limit, nil) != nil {
-			return true
-		}
-	}
-}
-
-// freeAfterLoss frees the slot record of a permit lost because its token
-// is gone (errTokenGone): its holder was told first (Done closed), and the
-// record still names it, so the write cannot free a slot someone else
-// holds. If it fails, the record ages out in a lease.
-func (p *Permit) freeAfterLoss() {
-	ctx, cancel := context.WithTimeout(context.Background(), p.s.requestTimeout())
-	defer cancel()
-	if err := p.write(ctx, p.freeRecord()); err != nil {
-		p.s.log.Warn("could not free the record of a permit whose token is gone; it ages out in a lease", "index", p.d.tok.Index, "err", err)
-	}
-}
-
-// freeRecord is the record a release writes.
-func (p *Permit) freeRecord() record {
-	return record{Epoch: p.d.tok.Epoch, Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
 }
 
 // write replaces the slot record by compare-and-set on the permit's
@@ -257,7 +195,7 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 // answer until ctx ends or the deadline passes. The error is the cause of
 // the loss when it fails.
 func (p *Permit) free(ctx context.Context) error {
-	rec := p.freeRecord()
+	rec := record{Epoch: p.d.tok.Epoch, Seq: p.d.seq, Token: p.d.tok.ID, By: p.d.holder}
 	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), p.Deadline())
 	defer cancel()
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: max(20*time.Millisecond, retryEvery(p.lease))}
@@ -298,13 +236,6 @@ func (p *Permit) lose(cause error) {
 // (bounded by the request timeout), so `defer p.Release(ctx)` works after
 // ctx ends.
 //
-// A permit whose token someone else removed from the stream (an ack or a
-// message delete, which a client's rights allow) is lost, not released:
-// Release frees its record and returns an error wrapping
-// tokensem.ErrLeaseLost, and Status reports the slot missing until a
-// reconcile issues it again. A renewal that finds the token gone does the
-// same, and Done closes.
-//
 // Errors: tokensem.ErrReleased (second call), an error wrapping
 // tokensem.ErrLeaseLost, or a broker error (the permit is then given up and
 // its token returns to the semaphore within one lease).
@@ -322,25 +253,13 @@ func (p *Permit) Release(ctx context.Context) error {
 		return p.Err()
 	}
 
-	// Whether the token is still there is read beside the free write and
-	// the Nak, so the hand-back is not delayed: a Nak of a token someone
-	// else removed hands nothing back, and one that is there stays there.
-	gone := make(chan bool, 1)
-	go func() { gone <- p.tokenGone(context.WithoutCancel(ctx)) }()
 	if err := p.free(ctx); err != nil {
-		<-gone
 		p.lose(err)
 		return p.Err()
 	}
 	// The record is free and was ours until now: only now may the token go.
 	if err := p.s.returned.nak(p.d.reply); err != nil {
 		p.s.log.Warn("released, but the token's hand-back failed; it returns after the lease", "err", err)
-	}
-	if <-gone {
-		// The record is free: a token a reconcile issues for the slot
-		// can be claimed at once.
-		p.lose(errTokenGone)
-		return p.Err()
 	}
 	p.s.log.Debug("permit released", "index", p.d.tok.Index)
 	return p.life.Released()

@@ -352,8 +352,8 @@ func TestHeldDuplicate(t *testing.T) {
 }
 
 // TestMissingWhileHeld: a held slot whose message vanished is not proven
-// absent; it is issued only after its holder is gone. Its holder learns
-// that the token went: Release reports the permit lost.
+// absent; it is issued only after its holder is gone. The run reports the
+// held slot without a token as a problem.
 func TestMissingWhileHeld(t *testing.T) {
 	// NATS only: on RabbitMQ a held token is an unacked delivery that no
 	// one but its holder can delete.
@@ -368,8 +368,8 @@ func TestMissingWhileHeld(t *testing.T) {
 			if r := run(t, f, true); r.Issued != 0 || r.Healthy || len(r.Problems) != 1 {
 				t.Fatalf("issued a token for a slot with a live holder, or said nothing of it: %+v", r)
 			}
-			if err := p.Release(bounded(t)); !errors.Is(err, tokensem.ErrLeaseLost) {
-				t.Fatalf("release of a permit whose token was deleted: %v, want ErrLeaseLost", err)
+			if err := p.Release(bounded(t)); err != nil {
+				t.Fatal(err)
 			}
 			r := run(t, f, true)
 			if r.Issued != 1 || !r.Healthy {
