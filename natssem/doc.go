@@ -259,7 +259,7 @@
 // K.slot.I, K.lock). Everything above holds per key: the protocol reads
 // and writes only the key's subject, consumer and records. A key costs the
 // broker one consumer instead of two streams and a consumer; see
-// docs/per-key-costs.md for measured costs and their limits. The group's
+// docs/notes/per-key-costs.md for measured costs and their limits. The group's
 // stream keeps messages until they are deleted instead of being a work
 // queue (a work queue checks each new consumer's filter against every
 // other's, so creating a key slowed as the group grew); tokens are never
