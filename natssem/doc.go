@@ -126,7 +126,7 @@
 // lasts longer than a holder's margin (lease minus lease/5 minus the time
 // since its last renewal) costs that holder its permit (Done closes) — the
 // safe side. Choose the lease well above the cluster's election time (see
-// the README's Reliability section for measured figures).
+// docs/reliability.md for measured figures).
 //
 // Request timeouts (WithRequestTimeout) must be shorter than lease - lease/5;
 // unset, they default to the smaller of tokensem.DefaultRequestTimeout and
