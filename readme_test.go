@@ -10,22 +10,40 @@ import (
 	"testing"
 )
 
-// TestReadmeSnippetsCompile type-checks the README's Go snippets: each
-// becomes the body of a function in a throwaway package of this module,
-// with the names a snippet takes as given (ctx, nc, train, ...) declared,
-// and go vet must accept it. A snippet that no longer matches the API
-// fails here, not in a reader's editor.
+// TestReadmeSnippetsCompile type-checks the Go snippets of README.md and
+// docs/*.md: each becomes the body of a function in a throwaway package of
+// this module, with the names a snippet takes as given (ctx, nc, train,
+// ...) declared, and go vet must accept it. A snippet that no longer
+// matches the API fails here, not in a reader's editor. Only blocks that
+// start a line count (see goBlock).
 func TestReadmeSnippetsCompile(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a package")
 	}
-	readme, err := os.ReadFile("README.md")
+	docs, err := filepath.Glob(filepath.Join("docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	snippets := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllSubmatch(readme, -1)
-	if len(snippets) == 0 {
-		t.Fatal("no Go snippets in README.md")
+	// Blocks at the start of a line only: one indented under a list item
+	// (docs/new-backend.md's TestMain) is a declaration, not a body.
+	goBlock := regexp.MustCompile("(?ms)^```go\n(.*?)^```")
+	type snippet struct {
+		file string
+		body []byte
+	}
+	var snippets []snippet
+	for _, file := range append([]string{"README.md"}, docs...) {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := goBlock.FindAllSubmatch(text, -1)
+		if file == "README.md" && len(found) == 0 {
+			t.Fatal("no Go snippets in README.md")
+		}
+		for _, m := range found {
+			snippets = append(snippets, snippet{file, m[1]})
+		}
 	}
 	dir, err := os.MkdirTemp(".", "readmecheck")
 	if err != nil {
@@ -35,8 +53,8 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 	var src strings.Builder
 	src.WriteString(readmePrelude)
 	for i, s := range snippets {
-		fmt.Fprintf(&src, "\nfunc snippet%d() {\n", i)
-		src.Write(s[1])
+		fmt.Fprintf(&src, "\n// from %s\nfunc snippet%d() {\n", s.file, i)
+		src.Write(s.body)
 		src.WriteString("\n\tuse(err, sem, p, conn, rsem, nc, m, group, gate)\n}\n")
 	}
 	if err := os.WriteFile(filepath.Join(dir, "snippets.go"), []byte(src.String()), 0o644); err != nil {
@@ -44,7 +62,7 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 	}
 	out, err := exec.Command("go", "vet", "./"+dir).CombinedOutput()
 	if err != nil {
-		t.Fatalf("README snippets do not compile: %v\n%s", err, out)
+		t.Fatalf("Go snippets of README.md or docs/*.md do not compile: %v\n%s", err, out)
 	}
 }
 
@@ -72,6 +90,8 @@ import (
 var (
 	ctx     = context.Background()
 	addr    = "127.0.0.1:8080"
+	url     = nats.DefaultURL
+	pass    string
 	handler http.Handler
 	sem     tokensem.Semaphore
 	nc      *nats.Conn

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarises the logs of .ci/loaded-runs.sh (DIR/loaded-run-*.log) into the README's reliability tables.
+"""Summarises the logs of .ci/loaded-runs.sh (DIR/loaded-run-*.log) into the reliability tables of docs/reliability.md.
 
     python3 .ci/loaded-summary.py DIR
 """

@@ -40,7 +40,7 @@ import (
 //     acks the delivery it replaced. A redelivery after a lease, a
 //     duplicate or a stale delivery fails its compare-and-set and would
 //     read the register to decide, as natssem does today
-//     (docs/nats-handoff.md has the whole sketch).
+//     (docs/notes/nats-handoff.md has the whole sketch).
 //
 // None plays leases, renewals or crashes: the harness's loops need none.
 // Every compare-and-set that loses is counted; on one server none should.

@@ -283,7 +283,7 @@ func protocolsHandoff(s *SystemResult, hot bool, raw time.Duration, limit float6
 	reg, okReg := ratios[protoRegister]
 	switch {
 	case okKV && kv <= limit:
-		out += ": natssem's protocol meets the target without the library, so the gap is natssem's own (docs/nats-handoff.md)"
+		out += ": natssem's protocol meets the target without the library, so the gap is natssem's own (docs/notes/nats-handoff.md)"
 	case okReg && reg <= limit:
 		out += ": only a protocol with one write per handoff meets it"
 	case okKV && okReg:

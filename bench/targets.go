@@ -297,7 +297,7 @@ func addManySems(ts *[]Target, s *SystemResult) {
 		if s.Grouped {
 			t.Why = "each key is a consumer of the group's stream and records in its bucket: an Init is three JetStream API " +
 				"requests (five for a connection's first key of the group) and N + 2 writes, run 4 at a time here, and every consumer rewrites its state file as keys take turns " +
-				"(docs/per-key-costs.md has the profiles)"
+				"(docs/notes/per-key-costs.md has the profiles)"
 		}
 		if f := s.PerKey; f != nil {
 			t.Why += fmt.Sprintf("; the same keys on plain JetStream in this run: create p50 %s (a consumer, N tokens and a "+

@@ -185,7 +185,7 @@ var groupKeys = flag.Int("groupkeys", 1000, "BenchmarkGroupKey: keys already in 
 // already holds -groupkeys keys (default 1,000; the set-up creates them,
 // 4 at a time), each key with 2 permits. A work-queue stream checks a new
 // consumer's filter against every other consumer's, so Init grows with the
-// group (docs/per-key-costs.md); Delete deletes the key's tokens one by one
+// group (docs/notes/per-key-costs.md); Delete deletes the key's tokens one by one
 // because a purge of more than one message recounts every consumer.
 func BenchmarkGroupKey(b *testing.B) {
 	nc := connect(b, srv.Addr().String())

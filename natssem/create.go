@@ -159,7 +159,7 @@ func (s *Semaphore) bucketConfig(first uint64) jetstream.StreamConfig {
 // semaphore's, it keeps messages until they are deleted (limits retention)
 // rather than being a work queue: a work queue checks each new consumer's
 // filter against every other consumer's, which made creating a key grow
-// with the group (docs/per-key-costs.md). Tokens are never acknowledged
+// with the group (docs/notes/per-key-costs.md). Tokens are never acknowledged
 // (a holder releases with a Nak), and whatever is acknowledged (junk) is
 // deleted as well (see discard), so nothing else changes. Its consumer
 // limit is MaxGroupKeys: unset, the server's default_max_consumers (1,000)
@@ -255,7 +255,7 @@ func (s *Semaphore) prepareLife(ctx context.Context, lease time.Duration, fresh 
 // request, but when it removes more than one message the server recounts
 // the pending messages of every consumer of the stream, one per key: 3.2 s
 // a purge in a group of 10,000 keys, where deleting a key's two tokens
-// takes two round trips (docs/per-key-costs.md).
+// takes two round trips (docs/notes/per-key-costs.md).
 func (s *Semaphore) clearTokens(ctx context.Context) (int, error) {
 	msgs, err := s.scanTokens(ctx)
 	if err != nil {

@@ -126,7 +126,7 @@
 // lasts longer than a holder's margin (lease minus lease/5 minus the time
 // since its last renewal) costs that holder its permit (Done closes) — the
 // safe side. Choose the lease well above the cluster's election time (see
-// the README's Reliability section for measured figures).
+// docs/reliability.md for measured figures).
 //
 // Request timeouts (WithRequestTimeout) must be shorter than lease - lease/5;
 // unset, they default to the smaller of tokensem.DefaultRequestTimeout and
@@ -259,7 +259,7 @@
 // K.slot.I, K.lock). Everything above holds per key: the protocol reads
 // and writes only the key's subject, consumer and records. A key costs the
 // broker one consumer instead of two streams and a consumer; see
-// docs/per-key-costs.md for measured costs and their limits. The group's
+// docs/notes/per-key-costs.md for measured costs and their limits. The group's
 // stream keeps messages until they are deleted instead of being a work
 // queue (a work queue checks each new consumer's filter against every
 // other's, so creating a key slowed as the group grew); tokens are never

@@ -437,7 +437,7 @@ func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
 
 // twoDashes writes the flag names in the flag package's messages ("flag
 // provided but not defined: -x", "invalid value ... for flag -x") with two
-// dashes, as the help and the README do.
+// dashes, as the help and docs/cli.md do.
 func twoDashes(msg string) string {
 	for _, p := range []string{"defined: -", "for flag -", "argument: -", " for -"} {
 		msg = strings.Replace(msg, p, p+"-", 1)
