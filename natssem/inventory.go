@@ -156,8 +156,8 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 		slices.Sort(tokenless)
 		c.Problems = append(c.Problems, fmt.Sprintf("slots %v are held by records naming no token in the stream "+
 			"(the record was written by someone else, or someone else acked or deleted its holder's token): "+
-			"a real holder loses its permit at its next renewal and frees the slot; a forged record holds the slot "+
-			"until it is no longer rewritten and falls a lease silent", clipInts(tokenless)))
+			"a real holder keeps its permit, and once it releases the slot is missing and a reconcile issues it again; "+
+			"a forged record holds the slot until it is no longer rewritten and falls a lease silent", clipInts(tokenless)))
 	}
 	inv.mu.Lock()
 	inv.slots, inv.now, inv.cfg = slots, now, cfg
