@@ -92,10 +92,12 @@ func watch(nc *nats.Conn) *watcher {
 	w := &watcher{inbox: inbox[:strings.LastIndexByte(inbox, '.')+1], guards: map[*guarded]struct{}{}}
 	prev := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
-		w.note(err)
+		// The connection's own handler first: the calls note ends may
+		// end the program, and what that handler logs must come before.
 		if prev != nil {
 			prev(c, sub, err)
 		}
+		w.note(err)
 	})
 	watchers.m[key] = w
 	runtime.AddCleanup(nc, func(key weak.Pointer[nats.Conn]) {
