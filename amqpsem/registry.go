@@ -38,7 +38,8 @@ import (
 //     staleEntry (younger ones may belong to an Init still creating it), and
 //     all but one copy of each name, and at once every entry no Init
 //     writes (over maxEntrySize, not JSON, or no valid name). A semaphore
-//     whose configuration is invalid is listed as "invalid", not read.
+//     whose configuration is invalid is listed as "invalid", not read, and
+//     one whose configuration cannot be read in time as "unreadable".
 //     Delete removes its name's entries after
 //     the queues; a Delete that dies in between leaves entries List removes
 //     later.
