@@ -184,7 +184,7 @@ func TestListSurvivesUnreadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-ds // held, unacknowledged, until the test ends
-	infos, err := amqpsem.List(t.Context(), dial(t, broker.Addr, 0))
+	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
