@@ -108,9 +108,10 @@ type Info struct {
 	// Open or Init moves it to the current one), or "deleting", or
 	// "invalid" for one whose configuration cannot be read (see
 	// ErrInvalidRecord; Permits and Lease are then 0, and ForceDelete
-	// removes it).
+	// removes it), or on RabbitMQ "unreadable" for one whose configuration
+	// a broker error or a timeout kept from being read (Permits 0).
 	State string `json:"state"`
-	// Warning says, for a State "invalid", what is wrong with the
+	// Warning says, for a State "invalid" or "unreadable", what is wrong with the
 	// configuration (clipped: it quotes a few dozen bytes at most).
 	Warning string `json:"warning,omitempty"`
 }

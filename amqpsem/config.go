@@ -268,8 +268,38 @@ func (c config) checkSize(name string) error {
 
 // configQueueArgs are the arguments of the configuration queue: a quorum
 // queue, with the delivery limit a token queue gets (every read returns the
-// message once).
-func configQueueArgs(version string) amqp.Table { return tokenQueueArgs(Quorum, version) }
+// message once), that keeps at most maxConfigQueueBytes ready.
+//
+// The cap keeps a message no reader would accept (a configuration is at
+// most maxConfigSize) from staying in the queue, where every read would
+// receive it whole: amqp091 buffers a body before handing it over. A
+// quorum queue counts only its ready messages (not one a reader or a
+// writer holds), and applies the cap after it takes a publish, so on
+// RabbitMQ 3.10.8 "reject-publish" accepts (confirms) the publish that
+// goes over and stores it, refusing only the next ones. "drop-head"
+// instead drops ready messages, oldest first, until the queue is under
+// the cap again: a message above the cap never stays (nor, unless a reader
+// held it at that moment, does the configuration queued before it: the
+// semaphore's admin, the only one who may publish here, can purge it
+// anyway). A writer holds the old message while it publishes the new one,
+// and amqpsem never leaves two ready, so the cap never drops a
+// configuration amqpsem wrote; twice maxConfigSize keeps a foreign
+// message beside a configuration of any size, to be reported
+// (errExtraRecord) rather than dropped.
+func configQueueArgs(version string) amqp.Table {
+	args := tokenQueueArgs(Quorum, version)
+	args["x-max-length-bytes"] = int64(maxConfigQueueBytes)
+	args["x-overflow"] = "drop-head"
+	return args
+}
+
+// maxConfigQueueBytes is the configuration queue's cap (see
+// configQueueArgs).
+const maxConfigQueueBytes = 2*maxConfigSize + 64<<10
+
+// uncappedConfigQueueArgs are the arguments of a configuration queue made
+// by an amqpsem before the cap (see declareConfigQueue).
+func uncappedConfigQueueArgs(version string) amqp.Table { return tokenQueueArgs(Quorum, version) }
 
 // errLegacyLayout marks a semaphore made by an amqpsem that kept its
 // configuration in the classic queue tokensem.NAME.config (see migrate).
@@ -315,14 +345,18 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 		case found:
 			cfg.readAt = start
 			return cfg, nil
-		case err != nil && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
+		case err != nil && !errors.Is(err, errNoMessage) && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
 			return config{}, err
 		}
-		last = err // nil: a reader held the message
+		if !errors.Is(err, errAborted) || rctx.Err() == nil {
+			last = err // nil: a reader held the message
+		} // else: the try the time's end cut short says nothing
 		if pause.Wait(rctx, nil) != nil {
 			switch {
 			case ctx.Err() != nil:
 				return config{}, ctx.Err()
+			case errors.Is(last, errNoMessage):
+				return config{}, invalidConfig(s.name, errMissingRecord)
 			case last != nil:
 				return config{}, last // says what failed, and whose configuration
 			}
@@ -360,7 +394,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	)
 	err = s.c.rpc(rctx, ch, func() error {
 		// Prefetch 2: a second message, which no writer leaves, is pushed
-		// along with the first (see checkSingle).
+		// along with the first (see readyAfter).
 		if err := ch.Qos(2, 0, false); err != nil {
 			return err
 		}
@@ -375,15 +409,29 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		case d, ok = <-ds:
 		case <-t.C:
 		}
+		// The cancel returns once every delivery the broker sent before
+		// it is in (amqp091 receives a body whole before it hands the
+		// delivery over): a message that came after the wait, a large one
+		// still arriving, is taken too, not dropped to be received again by
+		// the next try.
+		if err := ch.Cancel(tag, false); err != nil {
+			return err
+		}
+		for dd := range ds { // amqp091 closes it once the buffered ones are out
+			if ok {
+				extra = true
+			} else {
+				d, ok = dd, true
+			}
+		}
 		if ok {
-			extra, err = s.checkSingle(ch, tag, ds)
+			if !extra {
+				extra, err = s.readyAfter(ch)
+			}
 			return err
 		}
 		// Nothing came: is the message held by a reader (a quorum queue
 		// counts the holder as a consumer), or is there none?
-		if err := ch.Cancel(tag, false); err != nil {
-			return err
-		}
 		q, err = ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
 		return err
 	}, nil)
@@ -402,8 +450,9 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	}
 	// Nobody holds it and nothing is there: creation died after declaring
 	// the queue, if the token queue does not exist yet. Otherwise the
-	// message must exist, and the counts lag (they do for a moment after a
-	// requeue, and while the queue elects a leader): try again.
+	// message should exist, and the counts lag (they do for a moment after a
+	// requeue, and while the queue elects a leader): try again. If it stays
+	// so, the message is gone (see errMissingRecord).
 	exists, err := s.queueExists(ctx, QueueName(s.name))
 	switch {
 	case err != nil:
@@ -411,31 +460,32 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	case !exists:
 		return config{}, false, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
 	}
-	return config{}, false, nil
+	return config{}, false, errNoMessage
 }
+
+// errNoMessage is loadConfigOnce's "try again" when the configuration
+// queue of a semaphore whose token queue exists looked empty and unheld.
+var errNoMessage = errors.New("amqpsem: the configuration queue looked empty")
+
+// errMissingRecord is what loadConfig says when the configuration queue
+// stayed empty and unheld, with a token queue, for its whole time: the
+// message was purged, or dropped by the queue's cap after a publish above
+// it (see configQueueArgs). It is an invalid record, so that ForceDelete
+// removes the semaphore.
+var errMissingRecord = stored.Invalid("the configuration queue stays empty while the token queue exists (its message was purged, or dropped by the queue's size cap after a publish above it)")
 
 // errExtraRecord says that a configuration queue holds more than one
 // message: no writer leaves two (see config), so someone else published
 // one, and which is current cannot be told.
 var errExtraRecord = stored.Invalid("the configuration queue holds more than one message (published by someone other than amqpsem's writers?)")
 
-// checkSingle reports whether the configuration queue, one message of
-// which this reader holds (delivered on ds to consumer tag, prefetch 2),
-// holds another: a second message delivered before the consumer's cancel,
-// or a message the queue counts ready once the counts have settled (a
-// count may lag a requeue for a moment). A second message held by another
-// reader at this instant is found by a later read, or by a writer.
-func (s *Semaphore) checkSingle(ch *channel, tag string, ds <-chan amqp.Delivery) (bool, error) {
-	if err := ch.Cancel(tag, false); err != nil {
-		return false, err
-	}
-	extra := false
-	for range ds { // amqp091 closes it once the buffered ones are out
-		extra = true
-	}
-	if extra {
-		return true, nil
-	}
+// readyAfter reports whether the configuration queue, one message of which
+// this reader holds (and no second one was delivered to it, prefetch 2),
+// holds another: a message the queue counts ready once the counts have
+// settled (a count may lag a requeue for a moment). A second message held
+// by another reader at this instant is found by a later read, or by a
+// writer.
+func (s *Semaphore) readyAfter(ch *channel) (bool, error) {
 	for try := 0; ; try++ {
 		q, err := ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
 		if err != nil || q.Messages == 0 {
@@ -520,6 +570,9 @@ func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string
 	if err := cfg.checkSize(s.name); err != nil {
 		return err
 	}
+	if err := s.declareConfigQueue(ctx, version); err != nil {
+		return wrapBrokerErr("creating the configuration of "+s.name, err)
+	}
 	ch, err := s.c.confirmChannel(ctx)
 	if err != nil {
 		return err
@@ -528,9 +581,6 @@ func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string
 	q := configQueue(s.name)
 	var dc *amqp.DeferredConfirmation
 	err = s.c.rpc(ctx, ch, func() (err error) {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, configQueueArgs(version)); err != nil {
-			return err
-		}
 		if err := s.bind(ch, q); err != nil {
 			return err
 		}
@@ -541,6 +591,34 @@ func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string
 		return wrapBrokerErr("creating the configuration of "+s.name, err)
 	}
 	return s.c.waitConfirms(ctx, ch, []*amqp.DeferredConfirmation{dc})
+}
+
+// declareConfigQueue declares the configuration queue with the cap (see
+// configQueueArgs). Queue arguments are fixed when a queue is made, and a
+// declare with others fails (406): an empty configuration queue that an
+// amqpsem before the cap made (a creation that died after its first step)
+// is kept as it is, uncapped, as it would be by a declare without the cap.
+func (s *Semaphore) declareConfigQueue(ctx context.Context, version string) error {
+	q := configQueue(s.name)
+	declare := func(args amqp.Table) error {
+		ch, _, err := s.c.channel(ctx)
+		if err != nil {
+			return err
+		}
+		defer ch.Close()
+		return s.c.rpc(ctx, ch, func() error {
+			_, err := ch.QueueDeclare(q, true, false, false, false, args)
+			return err
+		}, nil)
+	}
+	err := declare(configQueueArgs(version))
+	if isCode(err, amqp.PreconditionFailed) {
+		if err := declare(uncappedConfigQueueArgs(version)); err == nil {
+			s.log.Warn("the configuration queue was made without the size cap of this amqpsem; it is used as it is", "queue", q)
+			return nil
+		}
+	}
+	return err
 }
 
 func configMessage(cfg config) amqp.Publishing {
@@ -555,8 +633,9 @@ func (s *Semaphore) writeConfig(ctx context.Context, next config) error {
 	return s.writeConfigAll(ctx, next, false)
 }
 
-// replaceConfig is writeConfig that replaces every message the queue holds
-// (ForceDelete of an invalid configuration).
+// replaceConfig is writeConfig that replaces every message the queue holds,
+// or writes one into an empty queue (ForceDelete of an invalid or missing
+// configuration).
 func (s *Semaphore) replaceConfig(ctx context.Context, next config) error {
 	return s.writeConfigAll(ctx, next, true)
 }
@@ -596,11 +675,13 @@ func (s *Semaphore) writeConfigOnce(ctx context.Context, next config, all bool) 
 		if err := s.bind(ch, q); err != nil {
 			return err
 		}
-		d, ok, err := ch.Get(q, false)
-		if err != nil || !ok {
+		d, taken, err := ch.Get(q, false)
+		switch {
+		case err != nil:
 			return err
-		}
-		if d.MessageCount > 0 && !all {
+		case !taken && !all:
+			return nil // a reader holds it
+		case taken && d.MessageCount > 0 && !all:
 			extra = true
 			return nil
 		}
@@ -615,14 +696,18 @@ func (s *Semaphore) writeConfigOnce(ctx context.Context, next config, all bool) 
 			if !ok {
 				break
 			}
+			taken = true
 		}
 		if err := ch.PublishWithContext(ctx, exchangeName(s.name), q, true, false, configMessage(next)); err != nil {
 			return err
 		}
 		// Every message taken: the one this write replaces and, for all,
-		// the others.
-		if err := ch.Ack(0, true); err != nil {
-			return err
+		// the others. For all, a queue found empty (see errMissingRecord)
+		// gets the new one alone.
+		if taken {
+			if err := ch.Ack(0, true); err != nil {
+				return err
+			}
 		}
 		if err := ctx.Err(); err != nil {
 			return err // abandoned: the close rolls the transaction back

@@ -38,7 +38,8 @@ import (
 //     staleEntry (younger ones may belong to an Init still creating it), and
 //     all but one copy of each name, and at once every entry no Init
 //     writes (over maxEntrySize, not JSON, or no valid name). A semaphore
-//     whose configuration is invalid is listed as "invalid", not read.
+//     whose configuration is invalid is listed as "invalid", not read, and
+//     one whose configuration cannot be read in time as "unreadable".
 //     Delete removes its name's entries after
 //     the queues; a Delete that dies in between leaves entries List removes
 //     later.
@@ -143,7 +144,7 @@ func (s *Semaphore) setupRegistry(ctx context.Context) error {
 	err = s.c.rpc(rctx, ch, func() error {
 		// Entries are requeued by every List: on 4.x the delivery limit
 		// must be off, as for the configuration queue.
-		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, configQueueArgs(sess.version)); err != nil {
+		if _, err := ch.QueueDeclare(registryQueue, true, false, false, false, tokenQueueArgs(Quorum, sess.version)); err != nil {
 			return err
 		}
 		if err := ch.ExchangeDeclare(registryExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
@@ -161,9 +162,11 @@ func (s *Semaphore) setupRegistry(ctx context.Context) error {
 // List returns the semaphores in the registry of the broker c is
 // connected to, sorted by name (see the package doc: semaphores made by an
 // amqpsem before the registry are not listed). A semaphore whose creation
-// has not finished is listed as "creating", and one whose configuration is
+// has not finished is listed as "creating", one whose configuration is
 // invalid as "invalid", with the reason in Warning (see
-// tokensem.ErrInvalidRecord).
+// tokensem.ErrInvalidRecord), and one whose configuration could not be
+// read in time, or whose read failed at the broker, as "unreadable", with
+// the error in Warning.
 //
 // Errors: a wrapped broker error.
 func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
@@ -208,7 +211,7 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 			slots <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-slots }()
-				infos[i], errs[i] = s.describe(ctx, e.Name)
+				infos[i], errs[i] = s.describeBounded(ctx, e.Name)
 			})
 		}
 		wg.Wait()
@@ -228,6 +231,28 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 	})
 	slices.SortFunc(out, func(a, b tokensem.Info) int { return strings.Compare(a.Name, b.Name) })
 	return out, err
+}
+
+// describeBounded is describe within the time one configuration read may
+// take (configRetry, and a request timeout more): a semaphore whose
+// configuration cannot be read in it, or whose read fails at the broker,
+// is listed as "unreadable" with the reason in Warning, and does not fail
+// the list (an uncapped configuration queue holding a huge message took
+// each read a minute, and the list with it). The end of the caller's ctx,
+// a permission refusal, and a closed Conn still fail the list.
+func (s *Semaphore) describeBounded(ctx context.Context, name string) (tokensem.Info, error) {
+	dctx, cancel := context.WithTimeout(ctx, s.configRetry()+s.opts.RequestTimeout)
+	defer cancel()
+	info, err := s.describe(dctx, name)
+	switch {
+	case err == nil, ctx.Err() != nil, errors.Is(err, tokensem.ErrNotInitialized),
+		errors.Is(err, tokensem.ErrPermissionDenied), errors.Is(err, tokensem.ErrClosed):
+		return info, err
+	case errors.Is(err, tokensem.ErrUnavailable), errors.Is(err, errAborted), errors.Is(err, context.DeadlineExceeded):
+		return tokensem.Info{Name: name, Backend: "amqp", State: "unreadable",
+			Warning: "its configuration could not be read: " + err.Error()}, nil
+	}
+	return info, err
 }
 
 // describe reads semaphore name's configuration for List.

@@ -1,0 +1,202 @@
+package amqpsem_test
+
+import (
+	"bytes"
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/semtest"
+)
+
+// heapCost runs fn and returns the most the heap grew above its size
+// before fn (sampled every 2 ms) and the bytes fn's process allocated
+// meanwhile.
+func heapCost(fn func()) (peak, total uint64) {
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			if m.HeapAlloc > before.HeapAlloc {
+				peak = max(peak, m.HeapAlloc-before.HeapAlloc)
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	fn()
+	close(done)
+	<-watched
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	return peak, after.TotalAlloc - before.TotalAlloc
+}
+
+// publishConfig publishes body into semaphore n's configuration queue
+// through its exchange, as its admin could, and returns whether the broker
+// confirmed it.
+func publishConfig(t *testing.T, n string, body []byte) bool {
+	t.Helper()
+	ch := rawChannel(t)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "tokensem."+n+".x", "tokensem."+n+".cfg", true, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := dc.WaitContext(semtest.Context(t, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+const oversized = 60_000_017 // the review's record
+
+// TestOversizedConfigNotKept: a 60 MB message published into a
+// semaphore's configuration queue (issue 33: it made every read of the
+// configuration take 300 MB and time out) does not stay there: the queue's
+// cap drops it (RabbitMQ 3.10.8 confirms the publish, then drops it, and the
+// configuration queued before it, unless a reader held that one then).
+// Open then costs less than 10 MB and says what is wrong (or, if the
+// configuration survived, works), List lists the semaphore, and
+// ForceDelete removes it.
+func TestOversizedConfigNotKept(t *testing.T) {
+	n := name(t)
+	initAMQP(t, n, 2)
+	ok := publishConfig(t, n, bytes.Repeat([]byte("x"), oversized))
+	t.Logf("publish of %d bytes: confirmed %v", oversized, ok)
+
+	c := dial(t, broker.Addr, 0)
+	var err error
+	peak, total := heapCost(func() {
+		_, err = amqpsem.Open(t.Context(), c, n, amqpsem.WithRequestTimeout(time.Second))
+	})
+	t.Logf("open after the publish: heap grew by at most %d kB, %d kB allocated; %v", peak>>10, total>>10, err)
+	if err != nil && !errors.Is(err, tokensem.ErrInvalidRecord) {
+		t.Errorf("open: %v, want it to work or ErrInvalidRecord", err)
+	}
+	if peak > 10<<20 {
+		t.Errorf("open after a %d-byte publish: the heap grew by %d MB, want under 10 MB", oversized, peak>>20)
+	}
+	infos, err := amqpsem.List(t.Context(), c)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	found := false
+	for _, in := range infos {
+		if in.Name == n {
+			found = true
+			t.Logf("listed: %+v", in)
+		}
+	}
+	if !found {
+		t.Errorf("list: %s missing from %+v", n, infos)
+	}
+	if err := amqpsem.ForceDelete(semtest.Context(t, time.Minute), c, n); err != nil {
+		t.Fatalf("force delete: %v", err)
+	}
+}
+
+// declareUncapped makes semaphore n's configuration queue as an amqpsem
+// before the cap did (a quorum queue, with the delivery limit off on 4.x).
+func declareUncapped(t *testing.T, n string) {
+	t.Helper()
+	args := amqp.Table{"x-queue-type": "quorum"}
+	if strings.HasPrefix(dialServerVersion(t), "4.") {
+		args["x-delivery-limit"] = int64(-1)
+	}
+	if _, err := rawChannel(t).QueueDeclare("tokensem."+n+".cfg", true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUncappedConfigQueue: a configuration queue an amqpsem before the
+// cap made, empty (a creation that died after its first step), does not
+// make Init fail on the queue's other arguments (406); and a 20 MB message
+// in it, where the cap does not protect, is received once by a read (which
+// refuses it), not again at every retry.
+func TestUncappedConfigQueue(t *testing.T) {
+	n := name(t)
+	declareUncapped(t, n)
+	s := initAMQP(t, n, 2)
+	if st, err := s.Status(t.Context()); err != nil || !st.Healthy {
+		t.Fatalf("status of a semaphore made over an uncapped configuration queue: %+v, %v", st, err)
+	}
+
+	if _, err := rawChannel(t).QueuePurge("tokensem."+n+".cfg", false); err != nil {
+		t.Fatal(err)
+	}
+	const size = 20 << 20
+	if !publishConfig(t, n, bytes.Repeat([]byte("x"), size)) {
+		t.Fatal("20 MB publish into an uncapped queue refused")
+	}
+	c := dial(t, broker.Addr, 0)
+	var err error
+	peak, total := heapCost(func() { _, err = amqpsem.Open(t.Context(), c, n) })
+	t.Logf("open over a %d-byte configuration: heap grew by at most %d kB, %d kB allocated; %v", size, peak>>10, total>>10, err)
+	if !errors.Is(err, tokensem.ErrInvalidRecord) {
+		t.Errorf("open: %v, want ErrInvalidRecord", err)
+	}
+	// A quorum queue counts the returns of a message in its
+	// x-delivery-count: Open's read took it once.
+	d, got, err := rawChannel(t).Get("tokensem."+n+".cfg", false)
+	if err != nil || !got {
+		t.Fatalf("get the 20 MB message: %v, %v", got, err)
+	}
+	if returns := d.Headers["x-delivery-count"]; returns != int64(1) {
+		t.Errorf("the message was returned %v times (x-delivery-count) by one Open, want 1: received again at each retry", returns)
+	}
+}
+
+// TestListSurvivesUnreadable: a semaphore whose configuration cannot be
+// read (here: someone holds its message and never lets go) is listed as
+// "unreadable" with the reason, and the others are listed as ever; before,
+// the whole List failed.
+func TestListSurvivesUnreadable(t *testing.T) {
+	ok, stuck := name(t)+"-ok", name(t)+"-stuck"
+	initAMQP(t, ok, 1)
+	initAMQP(t, stuck, 1)
+	ch := rawChannel(t)
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume("tokensem."+stuck+".cfg", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-ds // held, unacknowledged, until the test ends
+	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	got := map[string]tokensem.Info{}
+	for _, in := range infos {
+		got[in.Name] = in
+	}
+	if in := got[ok]; in.State != "ready" || in.Permits != 1 {
+		t.Errorf("list: %s as %+v, want ready with 1 permit", ok, in)
+	}
+	if in := got[stuck]; in.State != "unreadable" || !strings.Contains(in.Warning, "could not be read") {
+		t.Errorf("list: %s as %+v, want unreadable with the reason", stuck, in)
+	}
+	t.Logf("listed: %+v", got[stuck])
+}
