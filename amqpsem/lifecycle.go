@@ -379,23 +379,22 @@ func (s *Semaphore) deleteQueues(ctx context.Context, slots int) (found bool, er
 // deleteExchange deletes the semaphore's exchange (see bind); one that
 // does not exist is deleted already.
 func (s *Semaphore) deleteExchange(ctx context.Context) error {
-	ch, _, err := s.c.channel(ctx)
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	err = s.c.rpc(rctx, ch, func() error { return ch.ExchangeDelete(exchangeName(s.name), false, false) }, nil)
-	if err != nil && !isCode(err, amqp.NotFound) {
-		return wrapBrokerErr("delete exchange "+exchangeName(s.name), err)
-	}
-	return nil
+	x := exchangeName(s.name)
+	return s.deleteOne(ctx, "delete exchange "+x, func(ch *channel) error { return ch.ExchangeDelete(x, false, false) })
 }
 
 // deleteQueue deletes queue q; a queue that does not exist is deleted
 // already.
 func (s *Semaphore) deleteQueue(ctx context.Context, q string) error {
+	return s.deleteOne(ctx, "delete queue "+q, func(ch *channel) error {
+		_, err := ch.QueueDelete(q, false, false, false)
+		return err
+	})
+}
+
+// deleteOne runs the delete del on a channel of its own, as one rpc; a
+// resource that does not exist (404) is deleted already.
+func (s *Semaphore) deleteOne(ctx context.Context, what string, del func(*channel) error) error {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return err
@@ -403,12 +402,9 @@ func (s *Semaphore) deleteQueue(ctx context.Context, q string) error {
 	defer ch.Close()
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	err = s.c.rpc(rctx, ch, func() error {
-		_, err := ch.QueueDelete(q, false, false, false)
-		return err
-	}, nil)
+	err = s.c.rpc(rctx, ch, func() error { return del(ch) }, nil)
 	if err != nil && !isCode(err, amqp.NotFound) {
-		return wrapBrokerErr("delete queue "+q, err)
+		return wrapBrokerErr(what, err)
 	}
 	return nil
 }
