@@ -40,10 +40,10 @@ var (
 	ErrInvalidPermits = errors.New("tokensem: invalid permit count")
 	// ErrInvalidOption is wrapped by every option that rejects its value.
 	ErrInvalidOption = errors.New("tokensem: invalid option")
-	// ErrInvalidToken is returned by Codec.Decode for bytes that are not a
+	// ErrInvalidToken is returned by driver.Codec.Decode for bytes that are not a
 	// token of a supported format version.
 	ErrInvalidToken = errors.New("tokensem: invalid token")
-	// ErrForgedToken is returned by Codec.Decode when a signing key is set and
+	// ErrForgedToken is returned by driver.Codec.Decode when a signing key is set and
 	// the token's signature is missing or wrong.
 	ErrForgedToken = errors.New("tokensem: forged or unsigned token")
 	// ErrInvalidRecord is wrapped by every error about a record a backend

@@ -2,12 +2,6 @@ package tokensem
 
 import "fmt"
 
-// gatePrefix starts the name of the gate of a weighted semaphore (see
-// internal/weighted): a one-permit semaphore the library makes beside the
-// semaphore it serves. No semaphore name can start with '_', so a gate never
-// collides with a semaphore, yet its tokens are tokens like any other.
-const gatePrefix = "_gate_"
-
 // MaxNameLen is the longest semaphore name accepted.
 const MaxNameLen = 64
 

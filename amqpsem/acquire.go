@@ -10,9 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/semopts"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Acquire blocks until it holds a permit or ctx ends. Each waiter consumes
@@ -186,7 +186,7 @@ func (s *Semaphore) enterWait() (leave func(), err error) {
 // orphaned tokens when oc says so.
 func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck) (*Permit, error) {
 	ch := pc.ch
-	tag := "tokensem-" + tokensem.NewToken(s.name, 0, 1).ID
+	tag := "tokensem-" + driver.NewToken(s.name, 0, 1).ID
 	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
@@ -278,7 +278,7 @@ func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error)
 func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery, noWait bool) (*Permit, error) {
 	tok, _, err := s.admit(ctx, d.Body)
 	switch {
-	case errors.Is(err, reconciler.ErrNotCurrent):
+	case errors.Is(err, driver.ErrNotCurrent):
 		s.log.Warn("removing an invalid token message", "reason", err)
 		_ = d.Ack(false)
 		return nil, errRetry{}
@@ -307,7 +307,7 @@ func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Deliver
 	tok, cfg, err := s.admit(ctx, d.Body)
 	if err != nil {
 		s.unreserve(index)
-		if errors.Is(err, reconciler.ErrNotCurrent) {
+		if errors.Is(err, driver.ErrNotCurrent) {
 			s.log.Warn("removing a token retired while its slot was being claimed", "reason", err)
 			_ = d.Ack(false)
 			return nil, errRetry{}
@@ -318,9 +318,9 @@ func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Deliver
 }
 
 // admit checks a delivered token against the configuration, as
-// reconciler.Admit does, and against its slot's current token (see
+// driver.Admit does, and against its slot's current token (see
 // classify): a token that is not a current one of this semaphore is an
-// error wrapping reconciler.ErrNotCurrent. One that looks retired is
+// error wrapping driver.ErrNotCurrent. One that looks retired is
 // checked again against the configuration read afresh: a resize may have
 // grown the semaphore, a repair named it current, or it belongs to a new
 // life of the semaphore (a new epoch), which only the configuration of its
@@ -338,7 +338,7 @@ func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, con
 		e = s.classify(cfg, body)
 	}
 	if !e.Valid {
-		return e.Token, config{}, fmt.Errorf("%w: %s token %s", reconciler.ErrNotCurrent, e.Reason, e.Token)
+		return e.Token, config{}, fmt.Errorf("%w: %s token %s", driver.ErrNotCurrent, e.Reason, e.Token)
 	}
 	return e.Token, cfg, nil
 }

@@ -11,12 +11,13 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/faultproxy"
 	"github.com/tokensem/tokensem/internal/semtest"
 )
 
 func name(t *testing.T) string {
-	return "a" + tokensem.NewToken("x", 0, 0).ID[:8] + "-" + t.Name()[4:min(len(t.Name()), 30)]
+	return "a" + driver.NewToken("x", 0, 0).ID[:8] + "-" + t.Name()[4:min(len(t.Name()), 30)]
 }
 
 func initAMQP(t *testing.T, n string, permits int, opts ...amqpsem.Option) *amqpsem.Semaphore {
@@ -67,7 +68,7 @@ func TestDuplicateTokenCannotAdmitTwoHolders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	copyTok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(n, 0, pa.Token().Epoch))
+	copyTok, _ := driver.Codec{}.Encode(driver.NewToken(n, 0, pa.Token().Epoch))
 	amqpBackend().InjectRaw(t, n, copyTok)
 	b, err := amqpsem.Open(t.Context(), dial(t, broker.Addr, 0), n)
 	if err != nil {

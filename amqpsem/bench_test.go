@@ -7,8 +7,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 )
 
@@ -31,13 +31,13 @@ func benchSem(b *testing.B, n string, create bool) *amqpsem.Semaphore {
 
 // BenchmarkCycle is one client's Acquire+Release on RabbitMQ.
 func BenchmarkCycle(b *testing.B) {
-	semtest.BenchCycle(b, benchSem(b, "bench-cycle-"+tokensem.NewToken("x", 0, 0).ID[:6], true))
+	semtest.BenchCycle(b, benchSem(b, "bench-cycle-"+driver.NewToken("x", 0, 0).ID[:6], true))
 }
 
 // BenchmarkHandoff measures release → a waiter blocked on another
 // connection holding the permit.
 func BenchmarkHandoff(b *testing.B) {
-	n := "bench-handoff-" + tokensem.NewToken("x", 0, 0).ID[:6]
+	n := "bench-handoff-" + driver.NewToken("x", 0, 0).ID[:6]
 	a, w := benchSem(b, n, true), benchSem(b, n, false)
 	probe, err := amqp.Dial(broker.URL)
 	if err != nil {
@@ -66,7 +66,7 @@ func BenchmarkHandoff(b *testing.B) {
 // k single Acquire calls in a row.
 func BenchmarkWeighted(b *testing.B) {
 	c := dial(b, broker.Addr, 0)
-	s, err := amqpsem.Init(context.Background(), c, "bench-weighted-"+tokensem.NewToken("x", 0, 0).ID[:6], 4)
+	s, err := amqpsem.Init(context.Background(), c, "bench-weighted-"+driver.NewToken("x", 0, 0).ID[:6], 4)
 	if err != nil {
 		b.Fatal(err)
 	}

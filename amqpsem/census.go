@@ -10,8 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // Status takes a census. RabbitMQ cannot show a queued message without
@@ -56,11 +56,11 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true}
+	c := driver.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true}
 	for _, b := range ready {
 		c.Entries = append(c.Entries, s.classify(cfg, b))
 	}
-	st := reconciler.Summarize(c)
+	st := driver.Summarize(c)
 	st.Name, st.Backend, st.Resource, st.Waiting = s.name, "amqp", QueueName(s.name), waiting
 	for _, idx := range held { // readClaims returns them in index order
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx})
@@ -237,7 +237,7 @@ func (s *Semaphore) streamReady(ctx context.Context, ch *channel, counted int) (
 	if err := ch.Qos(min(max(counted, s.config().Permits)+streamCensusMin, math.MaxUint16), 0, false); err != nil {
 		return nil, err
 	}
-	tag := "tokensem-census-" + tokensem.NewToken(s.name, 0, 1).ID
+	tag := "tokensem-census-" + driver.NewToken(s.name, 0, 1).ID
 	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
 	if err != nil {
 		return nil, err

@@ -12,10 +12,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/stored"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // config is the semaphore's definition. It lives as exactly one persistent
@@ -110,10 +110,10 @@ func (c config) holdWait() time.Duration { return c.holdBound() + c.holdBound()/
 // issued reports whether slot index has had a token in this life.
 func (c config) issued(index int) bool { return c.Issued == 0 || index < c.Issued }
 
-// classify is reconciler.Classify with the slot's current token: a token
+// classify is driver.Classify with the slot's current token: a token
 // of a reissued slot other than the one Reissued names is retired.
-func (s *Semaphore) classify(cfg config, body []byte) reconciler.Entry {
-	e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, body)
+func (s *Semaphore) classify(cfg config, body []byte) driver.Entry {
+	e := driver.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, body)
 	if r, ok := cfg.Reissued[e.Token.Index]; ok && e.Valid && r.ID != e.Token.ID {
 		e.Valid, e.Reason = false, "retired"
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 )
 
@@ -112,9 +113,9 @@ func TestMigrateClassicLayout(t *testing.T) {
 	if _, err := ch.QueueDeclare("tokensem."+n, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}
-	codec := tokensem.NewCodec(nil)
+	codec := driver.NewCodec(nil)
 	for i := range 2 {
-		b, err := codec.Encode(tokensem.NewToken(n, i, 1))
+		b, err := codec.Encode(driver.NewToken(n, i, 1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +183,7 @@ func TestInitResumesDeadCreation(t *testing.T) {
 	if _, err := ch.QueueDeclare("tokensem."+n, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := tokensem.NewCodec(nil).Encode(tokensem.NewToken(n, 0, 1))
+	b, _ := driver.NewCodec(nil).Encode(driver.NewToken(n, 0, 1))
 	if err := ch.Publish("", "tokensem."+n, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b}); err != nil {
 		t.Fatal(err)
 	}

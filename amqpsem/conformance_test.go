@@ -9,9 +9,9 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semopts"
 	"github.com/tokensem/tokensem/internal/semtest"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // conns maps each semaphore a test opened to its connection, for Crash;
@@ -109,7 +109,7 @@ func amqpBackend() semtest.Backend {
 			}
 			_ = c.(*amqpsem.Conn).Close()
 		},
-		Inventory: func(s tokensem.Semaphore) reconciler.Inventory { return s.(*amqpsem.Semaphore).Inventory() },
+		Inventory: func(s tokensem.Semaphore) driver.Inventory { return s.(*amqpsem.Semaphore).Inventory() },
 		Delete: func(t testing.TB, name string, force bool) error {
 			c, err := amqpsem.Dial(semtest.CleanupContext(t, time.Minute), broker.URL)
 			if err != nil {

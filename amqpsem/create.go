@@ -10,8 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/ids"
-	"github.com/tokensem/tokensem/internal/weighted"
 )
 
 // create makes the semaphore, under the creation lock: first its
@@ -88,7 +88,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 	for lo := 0; lo < permits; lo += batch {
 		var pending []*amqp.DeferredConfirmation
 		for i := lo; i < min(lo+batch, permits); i++ {
-			tok := tokensem.NewToken(s.name, i, cfg.Epoch)
+			tok := driver.NewToken(s.name, i, cfg.Epoch)
 			b, err := s.codec.Encode(tok)
 			if err != nil {
 				return config{}, err
@@ -141,10 +141,10 @@ func (s *Semaphore) declareClaims(ctx context.Context, ch *channel, from, to int
 // so that every client that may open the semaphore may open its gate.
 func (s *Semaphore) creationHoldBound(ctx context.Context) (time.Duration, error) {
 	bound := s.c.holdBound()
-	if !weighted.IsGate(s.name) {
+	if !driver.IsGate(s.name) {
 		return bound, nil
 	}
-	parent := newSemaphoreWith(s.c, strings.TrimPrefix(s.name, weighted.GateName("")), s.opts)
+	parent := newSemaphoreWith(s.c, strings.TrimPrefix(s.name, driver.GateName("")), s.opts)
 	defer parent.Close()
 	cfg, err := parent.loadConfig(ctx)
 	switch {

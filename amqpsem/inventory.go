@@ -12,11 +12,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
-var _ reconciler.Inventory = (*Inventory)(nil)
+var _ driver.Inventory = (*Inventory)(nil)
 
 // Inventory is the reconciler's view of a RabbitMQ semaphore.
 //
@@ -27,7 +27,7 @@ var _ reconciler.Inventory = (*Inventory)(nil)
 // rest; if the reconciler dies, the broker requeues them. Held tokens
 // cannot be read at all: the slots without a ready token are looked up in
 // their claim queues, and the census reports the held ones as held and
-// unseen (reconciler.Census.HeldUnseen). A ready copy of a held slot is
+// unseen (driver.Census.HeldUnseen). A ready copy of a held slot is
 // found once its holder releases (the claim refuses it meanwhile). A slot
 // is proven absent when no ready token and no claim names it, under the
 // creation lock, which also keeps two reconcilers from issuing at once.
@@ -41,13 +41,13 @@ type Inventory struct {
 	s *Semaphore
 
 	mu     sync.Mutex
-	sess   *session          // the lock's connection, while locked
-	ch     *channel          // holds the ready tokens of the latest census
-	pub    *channel          // confirm-mode channel the run issues tokens on
-	cfg    config            // as the run last read or wrote it
-	seen   config            // as the latest census read it
-	latest reconciler.Census // the latest census
-	hold   *reissueHold      // the claims held for the latest census's reissues
+	sess   *session      // the lock's connection, while locked
+	ch     *channel      // holds the ready tokens of the latest census
+	pub    *channel      // confirm-mode channel the run issues tokens on
+	cfg    config        // as the run last read or wrote it
+	seen   config        // as the latest census read it
+	latest driver.Census // the latest census
+	hold   *reissueHold  // the claims held for the latest census's reissues
 }
 
 // Inventory returns the semaphore's inventory for the reconciler.
@@ -115,7 +115,7 @@ func (inv *Inventory) releaseReady() {
 // reads the claim queues.
 //
 // A broker that fails for a while (an election) is retried until ctx ends.
-func (inv *Inventory) Census(ctx context.Context) (c reconciler.Census, err error) {
+func (inv *Inventory) Census(ctx context.Context) (c driver.Census, err error) {
 	ctx = inv.pin(ctx)
 	err = inv.s.retry(ctx, "census", func() error {
 		c, err = inv.census(ctx)
@@ -125,27 +125,27 @@ func (inv *Inventory) Census(ctx context.Context) (c reconciler.Census, err erro
 }
 
 // census is one try of Census.
-func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
+func (inv *Inventory) census(ctx context.Context) (driver.Census, error) {
 	s := inv.s
 	if s.isClosed() {
-		return reconciler.Census{}, tokensem.ErrClosed
+		return driver.Census{}, tokensem.ErrClosed
 	}
 	inv.release()
 	cfg, err := s.readConfig(ctx)
 	if err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	if err := s.checkSquatted(ctx, cfg); err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	ds, _, err := s.takeReady(ctx, ch)
 	if err != nil {
 		_ = ch.Close()
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	inv.mu.Lock()
 	inv.ch, inv.cfg, inv.seen = ch, cfg, cfg
@@ -156,10 +156,10 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 	}
 	held, err := s.readClaims(ctx, s.unaccounted(bodies, cfg))
 	if err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
-	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true,
-		Entries: make([]reconciler.Entry, 0, len(ds))}
+	c := driver.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, HeldSlots: held, HeldUnseen: true,
+		Entries: make([]driver.Entry, 0, len(ds))}
 	for _, d := range ds {
 		e := s.classify(cfg, d.Body)
 		e.Ref = strconv.FormatUint(d.DeliveryTag, 10)
@@ -200,7 +200,7 @@ func (s *Semaphore) checkSquatted(ctx context.Context, cfg config) error {
 }
 
 // Remove acknowledges (deletes) one token the latest census holds.
-func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
+func (inv *Inventory) Remove(ctx context.Context, e driver.Entry) error {
 	tag, err := strconv.ParseUint(e.Ref, 10, 64)
 	if err != nil {
 		return fmt.Errorf("amqpsem: bad message reference %q", e.Ref)
@@ -236,7 +236,7 @@ func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
 // believe it held the slot has been told or has passed W, and the old
 // token, if it returns, is retired. A slot that was claimed when the
 // claims were taken, or whose claim the broker cancelled meanwhile (its
-// queue's node was lost), is reconciler.ErrConflict.
+// queue's node was lost), is driver.ErrConflict.
 func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	inv.mu.Lock()
 	cfg := inv.seen
@@ -286,7 +286,7 @@ func (inv *Inventory) issueNew(ctx context.Context, index int) error {
 		inv.cfg = cfg
 		inv.mu.Unlock()
 	}
-	if err := inv.publish(ctx, tokensem.NewToken(s.name, index, cfg.Epoch)); err != nil {
+	if err := inv.publish(ctx, driver.NewToken(s.name, index, cfg.Epoch)); err != nil {
 		return err
 	}
 	s.log.Info("issued the first token of a new slot", "index", index)
@@ -329,15 +329,15 @@ func (inv *Inventory) holdReissues(ctx context.Context) (*reissueHold, error) {
 	return h, h.err
 }
 
-func (inv *Inventory) takeHold(ctx context.Context, h *reissueHold, seen config, census reconciler.Census) error {
+func (inv *Inventory) takeHold(ctx context.Context, h *reissueHold, seen config, census driver.Census) error {
 	s := inv.s
-	for _, i := range reconciler.Analyze(census).Missing {
+	for _, i := range driver.Analyze(census).Missing {
 		if !seen.issued(i) {
 			continue // issued by issueNew
 		}
 		hs, err := s.holdSlot(ctx, i)
 		switch {
-		case errors.Is(err, reconciler.ErrConflict):
+		case errors.Is(err, driver.ErrConflict):
 			continue
 		case err != nil:
 			return err
@@ -354,7 +354,7 @@ func (inv *Inventory) takeHold(ctx context.Context, h *reissueHold, seen config,
 	base := nextFenceBase(cfg.maxFenceBase())
 	next := cfg
 	for i, hs := range h.slots {
-		hs.tok = tokensem.NewToken(s.name, i, cfg.Epoch)
+		hs.tok = driver.NewToken(s.name, i, cfg.Epoch)
 		next = next.withReissued(i, hs.tok, base)
 	}
 	next.Seq++
@@ -416,7 +416,7 @@ const tokensOutPoll = 50 * time.Millisecond
 // holdSlot claims slot index for a repair, on a channel of its own: the
 // claim queue's exclusive consumer, or, when the queue went away, its
 // quarantine (see quarantineClaim). A slot claimed by someone else is
-// reconciler.ErrConflict.
+// driver.ErrConflict.
 func (s *Semaphore) holdSlot(ctx context.Context, index int) (*heldSlot, error) {
 	for quarantine := false; ; quarantine = true {
 		ch, _, err := s.c.channel(ctx)
@@ -447,7 +447,7 @@ func (s *Semaphore) holdSlot(ctx context.Context, index int) (*heldSlot, error) 
 			continue // its claim queue went away
 		case isCode(err, amqp.AccessRefused), isCode(err, amqp.ResourceLocked):
 			_ = ch.Close()
-			return nil, reconciler.ErrConflict // claimed, or quarantined by another
+			return nil, driver.ErrConflict // claimed, or quarantined by another
 		}
 		_ = ch.Close()
 		return nil, wrapBrokerErr(fmt.Sprintf("claim slot %d to issue it", index), err)
@@ -462,7 +462,7 @@ func (h *reissueHold) issue(ctx context.Context, inv *Inventory, index int) erro
 	delete(h.slots, index)
 	h.mu.Unlock()
 	if hs == nil {
-		return reconciler.ErrConflict // claimed by someone else when the hold began
+		return driver.ErrConflict // claimed by someone else when the hold began
 	}
 	defer hs.ch.Close()
 	s := inv.s
@@ -481,7 +481,7 @@ func (h *reissueHold) issue(ctx context.Context, inv *Inventory, index int) erro
 		return wrapBrokerErr(fmt.Sprintf("end the claim of slot %d", index), err)
 	case hs.cancelled.Load():
 		s.log.Warn("the claim of a missing slot was cancelled by the broker while the repair held it (its node was lost); not issuing it", "index", index)
-		return reconciler.ErrConflict
+		return driver.ErrConflict
 	}
 	if err := inv.publish(ctx, hs.tok); err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
@@ -254,7 +255,7 @@ func (s *Semaphore) readyTokenSlots(ctx context.Context) (int, error) {
 	}
 	slots := 0
 	for _, b := range bodies {
-		if tok, err := (tokensem.Codec{}).Decode(b); err == nil && tok.Semaphore == s.name {
+		if tok, err := (driver.Codec{}).Decode(b); err == nil && tok.Semaphore == s.name {
 			slots = max(slots, tok.Index+1) // below tokensem.MaxPermits
 		}
 	}

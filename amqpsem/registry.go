@@ -14,9 +14,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/stored"
-	"github.com/tokensem/tokensem/internal/weighted"
 )
 
 // The registry is how List finds semaphores: AMQP cannot list queues. It
@@ -70,7 +70,7 @@ type registryEntry struct {
 // not set up yet (or was made before it had an exchange) is set up first,
 // if the user may (see setupRegistry).
 func (s *Semaphore) register(ctx context.Context) error {
-	if weighted.IsGate(s.name) {
+	if driver.IsGate(s.name) {
 		return nil // found through its semaphore, never listed
 	}
 	err := s.publishEntry(ctx)
@@ -303,7 +303,7 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 // those of names with no semaphore once they are older than staleEntry),
 // so neither fails the delete.
 func (s *Semaphore) unregister(ctx context.Context) {
-	if weighted.IsGate(s.name) {
+	if driver.IsGate(s.name) {
 		return
 	}
 	uctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)

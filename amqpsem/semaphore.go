@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/internal/weighted"
@@ -27,7 +28,7 @@ type Semaphore struct {
 	c     *Conn
 	name  string
 	opts  options
-	codec tokensem.Codec
+	codec driver.Codec
 	log   *slog.Logger
 
 	cfg cfgcache.Cache[config] // as last read; see freshConfig
@@ -253,7 +254,7 @@ func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {
 func newSemaphoreWith(c *Conn, name string, o options) *Semaphore {
 	life, end := context.WithCancel(context.Background())
 	return &Semaphore{
-		c: c, name: name, opts: o, codec: tokensem.NewCodec(o.Key),
+		c: c, name: name, opts: o, codec: driver.NewCodec(o.Key),
 		log: o.Logger.With("semaphore", name), life: life, end: end,
 		held: make(map[int]bool), missing: make(map[int]bool), quarantines: make(map[int]*quarantine),
 	}

@@ -4,13 +4,13 @@ import (
 	"context"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/weighted"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 var (
 	_ tokensem.Weighted = (*Semaphore)(nil)
-	_ reconciler.Gated  = (*Inventory)(nil)
+	_ driver.Gated      = (*Inventory)(nil)
 )
 
 // AcquireN blocks until it holds k permits, all or nothing, or ctx ends;
@@ -55,12 +55,12 @@ func (s *Semaphore) gatherer() weighted.Host[*Semaphore] {
 			return err
 		},
 		MakeGate: func(ctx context.Context) (*Semaphore, error) {
-			return newSemaphoreWith(s.c, weighted.GateName(s.name), s.gateOptions()).init(ctx, 1)
+			return newSemaphoreWith(s.c, driver.GateName(s.name), s.gateOptions()).init(ctx, 1)
 		},
 		OpenGate: func(ctx context.Context) (*Semaphore, error) {
-			return newSemaphoreWith(s.c, weighted.GateName(s.name), s.gateOptions()).open(ctx)
+			return newSemaphoreWith(s.c, driver.GateName(s.name), s.gateOptions()).open(ctx)
 		},
-		Inventory: func(g *Semaphore) reconciler.Inventory { return g.Inventory() },
+		Inventory: func(g *Semaphore) driver.Inventory { return g.Inventory() },
 	}
 }
 
@@ -78,6 +78,6 @@ func (s *Semaphore) gateOptions() options {
 // Gate returns the inventory of the semaphore's gate (see AcquireN), or nil
 // if no weighted caller ever made one: reconciler.Run repairs it after the
 // semaphore.
-func (inv *Inventory) Gate(ctx context.Context) (reconciler.Inventory, error) {
+func (inv *Inventory) Gate(ctx context.Context) (driver.Inventory, error) {
 	return inv.s.gatherer().GateInventory(ctx)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
@@ -52,7 +53,7 @@ func natsRules() []runOption {
 // settle stops the workers, repairs the semaphore once and checks that
 // exactly N valid tokens remain; it reports how many the repair issued
 // (tokens that were lost) or removed.
-func settle(t *testing.T, r *run, sem tokensem.Semaphore, inv reconciler.Inventory) {
+func settle(t *testing.T, r *run, sem tokensem.Semaphore, inv driver.Inventory) {
 	r.stopAll()
 	rep, err := reconciler.Run(semtest.Context(t, time.Minute), inv, true)
 	if err != nil {
@@ -242,7 +243,7 @@ func TestChaosAMQP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	name := "chaos-" + tokensem.NewToken("x", 0, 0).ID[:8]
+	name := "chaos-" + driver.NewToken("x", 0, 0).ID[:8]
 	sem, err := amqpsem.Init(semtest.Context(t, time.Minute), c, name, p.permits)
 	if err != nil {
 		t.Fatal(err)
@@ -327,7 +328,7 @@ func TestChaosAMQPCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	name := "chaos-cluster-" + tokensem.NewToken("x", 0, 0).ID[:8]
+	name := "chaos-cluster-" + driver.NewToken("x", 0, 0).ID[:8]
 	sem, err := amqpsem.Init(semtest.Context(t, time.Minute), conn, name, p.permits)
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/faultproxy"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
@@ -72,7 +73,7 @@ type seamAdmin interface {
 	remove(ctx context.Context, force bool) error
 	resize(ctx context.Context, permits int) error
 	semaphore() tokensem.Semaphore
-	inventory() reconciler.Inventory
+	inventory() driver.Inventory
 }
 
 // seamRun is a run whose semaphore the harness reshapes.
@@ -573,8 +574,8 @@ func (a *natsAdmin) resize(ctx context.Context, permits int) error {
 	return err
 }
 
-func (a *natsAdmin) semaphore() tokensem.Semaphore   { return a.s }
-func (a *natsAdmin) inventory() reconciler.Inventory { return a.s.Inventory() }
+func (a *natsAdmin) semaphore() tokensem.Semaphore { return a.s }
+func (a *natsAdmin) inventory() driver.Inventory   { return a.s.Inventory() }
 
 func (a *natsAdmin) close() {
 	if a.s != nil {
@@ -591,7 +592,7 @@ func TestChaosSeamsRabbit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	name := "chaos-seams-" + tokensem.NewToken("x", 0, 0).ID[:8]
+	name := "chaos-seams-" + driver.NewToken("x", 0, 0).ID[:8]
 	admin := &amqpAdmin{url: b.URL, c: c, name: name}
 	defer admin.close()
 	// Quorum queues left behind slow the broker down for everyone.
@@ -651,8 +652,8 @@ func (a *amqpAdmin) resize(ctx context.Context, permits int) error {
 	return err
 }
 
-func (a *amqpAdmin) semaphore() tokensem.Semaphore   { return a.s }
-func (a *amqpAdmin) inventory() reconciler.Inventory { return a.s.Inventory() }
+func (a *amqpAdmin) semaphore() tokensem.Semaphore { return a.s }
+func (a *amqpAdmin) inventory() driver.Inventory   { return a.s.Inventory() }
 
 // loseClaim deletes the claim queue of slot (tokensem.NAME.claim.I): the
 // broker cancels its holder's claim consumer.

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/faultproxy"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
@@ -781,7 +782,7 @@ func pauseClaimer(t *testing.T, ctx context.Context, addr, name, group string, i
 	if raw == nil {
 		t.Fatalf("the plain fetch got no token: %v", batch.Error())
 	}
-	tok, err := tokensem.NewCodec(nil).Decode(raw.Data())
+	tok, err := driver.NewCodec(nil).Decode(raw.Data())
 	if err != nil {
 		t.Fatalf("the fetched token: %v", err)
 	}

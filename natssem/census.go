@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/testhook"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // storedToken is one message of the token stream, read without consuming
@@ -131,7 +131,7 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	st := reconciler.Summarize(c)
+	st := driver.Summarize(c)
 	st.Name, st.Backend, st.Resource = s.name, "nats", s.lay.stream
 	st.Lease, st.Waiting = inv.cfg.Lease, cons.NumWaiting
 	if w := ackWaitWarning(cons.Config.AckWait, inv.cfg.Lease); w != "" {

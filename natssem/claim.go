@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // claim turns a delivery into a permit, or steps away from it. It returns a
@@ -40,7 +40,7 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 	seq := meta.Sequence.Stream
 	tok, cfg, err := s.admit(ctx, m.Data)
 	if err != nil {
-		if errors.Is(err, reconciler.ErrNotCurrent) {
+		if errors.Is(err, driver.ErrNotCurrent) {
 			s.discard(ctx, m, seq, err)
 			return nil, nil
 		}
@@ -67,7 +67,7 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 			s.giveBack(m)
 			return nil, err
 		case act == ended:
-			s.discard(ctx, m, seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
+			s.discard(ctx, m, seq, fmt.Errorf("%w: token of an ended life of %s", driver.ErrNotCurrent, s.name))
 			return nil, nil
 		case act == closed:
 			// Delete closed the slot: the semaphore goes away, or comes
@@ -375,9 +375,9 @@ func (s *Semaphore) confirmClaim(ctx context.Context, m *nats.Msg, d *delivery, 
 		s.holdBack(m)
 	case life == lifeEnded:
 		s.log.Info("a token of an ended life claimed a record of the current one; undone", "index", d.tok.Index, "epoch", d.tok.Epoch)
-		s.discard(ctx, m, d.seq, fmt.Errorf("%w: token of an ended life of %s", reconciler.ErrNotCurrent, s.name))
+		s.discard(ctx, m, d.seq, fmt.Errorf("%w: token of an ended life of %s", driver.ErrNotCurrent, s.name))
 	default:
-		s.discard(ctx, m, d.seq, fmt.Errorf("%w: retired token %s (the semaphore has %d permits)", reconciler.ErrNotCurrent, d.tok, cfg.Permits))
+		s.discard(ctx, m, d.seq, fmt.Errorf("%w: retired token %s (the semaphore has %d permits)", driver.ErrNotCurrent, d.tok, cfg.Permits))
 	}
 	return true, nil
 }
@@ -474,15 +474,15 @@ func (s *Semaphore) won(ctx context.Context, m *nats.Msg, d delivery, rev uint64
 }
 
 // admit checks a delivered token against the configuration (see
-// reconciler.Admit) and returns it with the configuration it was admitted
+// driver.Admit) and returns it with the configuration it was admitted
 // by: that of the token's own life. A token whose epoch or index the cached
 // configuration does not know is checked again against one read afresh, so
 // a handle that meets a newer life (or a grown count) adopts it first. A
 // token that is not a current one of this semaphore is an error wrapping
-// reconciler.ErrNotCurrent.
+// driver.ErrNotCurrent.
 func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, config, error) {
 	var cfg config
-	tok, err := reconciler.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
+	tok, err := driver.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
 		read := s.freshConfig
 		if fresh {
 			read = s.refreshConfig

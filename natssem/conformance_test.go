@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 // conns maps each semaphore a test opened to its connection, for Crash.
@@ -98,7 +98,7 @@ func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.B
 			}
 			nc.(*nats.Conn).Close()
 		},
-		Inventory: func(s tokensem.Semaphore) reconciler.Inventory { return s.(*natssem.Semaphore).Inventory() },
+		Inventory: func(s tokensem.Semaphore) driver.Inventory { return s.(*natssem.Semaphore).Inventory() },
 		Delete: func(t testing.TB, name string, force bool) error {
 			nc := connect(t, spread(addrs[0]))
 			if force {

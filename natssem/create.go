@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 )
@@ -373,7 +374,7 @@ func (s *Semaphore) seed(ctx context.Context, cfg config, rev uint64) (config, e
 	for lo := 0; lo < cfg.Permits; lo += batch {
 		msgs := make([]*nats.Msg, 0, batch)
 		for i := lo; i < min(lo+batch, cfg.Permits); i++ {
-			b, err := s.codec.Encode(tokensem.NewToken(s.name, i, cfg.Epoch))
+			b, err := s.codec.Encode(driver.NewToken(s.name, i, cfg.Epoch))
 			if err != nil {
 				return config{}, err
 			}

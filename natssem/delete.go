@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
@@ -334,7 +335,7 @@ func (s *Semaphore) closeSlots(ctx context.Context, cfg config, force, anyLife b
 	for _, m := range msgs {
 		// Any token of this semaphore, whatever its life or signature
 		// (Decode without a key checks none): its slot may be claimed.
-		if tok, err := (tokensem.Codec{}).Decode(m.Data); err == nil && tok.Semaphore == s.name {
+		if tok, err := (driver.Codec{}).Decode(m.Data); err == nil && tok.Semaphore == s.name {
 			toClose[tok.Index] = true // below tokensem.MaxPermits
 		}
 	}

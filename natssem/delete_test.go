@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
@@ -67,7 +68,7 @@ func TestForceDeleteCutShort(t *testing.T) {
 func TestDeleteWorkBoundedByRealSlots(t *testing.T) {
 	const name = "delete-far-slot"
 	s := initNATS(t, name, 2)
-	far, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, tokensem.MaxPermits-1, 1))
+	far, err := driver.Codec{}.Encode(driver.NewToken(name, tokensem.MaxPermits-1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}

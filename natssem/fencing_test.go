@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
@@ -140,7 +141,7 @@ func TestDuplicateOfHeldSlotIsDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	copyTok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, epochOf(t, s)))
+	copyTok, _ := driver.Codec{}.Encode(driver.NewToken(name, 0, epochOf(t, s)))
 	rawPublish(t, name, copyTok)
 	st, err := s.Status(t.Context())
 	if err != nil {
@@ -167,8 +168,8 @@ func TestDuplicateOfHeldSlotIsDeleted(t *testing.T) {
 func TestInvalidTokensAreRemoved(t *testing.T) {
 	name := "invalid-removed"
 	s := initNATS(t, name, 2)
-	retired, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 7, epochOf(t, s))) // index >= N
-	oldEpoch, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, epochOf(t, s)+1))
+	retired, _ := driver.Codec{}.Encode(driver.NewToken(name, 7, epochOf(t, s))) // index >= N
+	oldEpoch, _ := driver.Codec{}.Encode(driver.NewToken(name, 0, epochOf(t, s)+1))
 	for _, b := range [][]byte{[]byte("junk"), retired, oldEpoch} {
 		rawPublish(t, name, b)
 	}

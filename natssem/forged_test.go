@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
@@ -74,7 +75,7 @@ func (f forgedSem) tokenSeqs(t *testing.T) map[int]uint64 {
 		if m.Subject != f.sub {
 			continue
 		}
-		tok, err := tokensem.Codec{}.Decode(m.Data)
+		tok, err := driver.Codec{}.Decode(m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}

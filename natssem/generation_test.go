@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -225,7 +226,7 @@ func admitsByTheNewCount(t *testing.T, b *Semaphore) {
 	if got := b.Permits(); got != 2 {
 		t.Fatalf("the idle client already counts %d permits; the test needs its stale count of 2", got)
 	}
-	retired, err := tokensem.Codec{}.Encode(tokensem.NewToken(b.name, 1, b.config().Epoch))
+	retired, err := driver.Codec{}.Encode(driver.NewToken(b.name, 1, b.config().Epoch))
 	if err != nil {
 		t.Fatal(err)
 	}

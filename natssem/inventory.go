@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
-	"github.com/tokensem/tokensem/reconciler"
+	"github.com/tokensem/tokensem/driver"
 )
 
-var _ reconciler.Inventory = (*Inventory)(nil)
+var _ driver.Inventory = (*Inventory)(nil)
 
 // Inventory is the reconciler's view of a NATS semaphore: a census of every
 // token message (held ones included, read by direct get) and of the slot
@@ -80,7 +80,7 @@ func (inv *Inventory) stillLocked() error {
 //
 // A broker that does not answer for a while (an election) is retried
 // until ctx ends.
-func (inv *Inventory) Census(ctx context.Context) (c reconciler.Census, err error) {
+func (inv *Inventory) Census(ctx context.Context) (c driver.Census, err error) {
 	err = inv.s.retry(ctx, "census", func() error {
 		c, err = inv.census(ctx)
 		return err
@@ -89,37 +89,37 @@ func (inv *Inventory) Census(ctx context.Context) (c reconciler.Census, err erro
 }
 
 // census is one try of Census.
-func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
+func (inv *Inventory) census(ctx context.Context) (driver.Census, error) {
 	s := inv.s
 	if s.isClosed() {
-		return reconciler.Census{}, tokensem.ErrClosed
+		return driver.Census{}, tokensem.ErrClosed
 	}
 	cfg, err := s.refreshConfig(ctx)
 	if err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	// Records before tokens: a slot issued after its record was read shows
 	// up in the scan, and one issued before it moved the revision Issue will
 	// compare against.
 	slots, err := s.slots.readAll(ctx)
 	if err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	msgs, err := s.scanTokens(ctx)
 	if err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	now, err := s.serverNow(ctx)
 	if err != nil {
-		return reconciler.Census{}, err
+		return driver.Census{}, err
 	}
 	live := func(idx int) (slotEntry, bool) {
 		sl, ok := slots[idx]
 		return sl, ok && idx < cfg.Permits && sl.heldIn(cfg, now)
 	}
-	c := reconciler.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, Entries: make([]reconciler.Entry, 0, len(msgs))}
+	c := driver.Census{Permits: cfg.Permits, Epoch: cfg.Epoch, Entries: make([]driver.Entry, 0, len(msgs))}
 	for _, m := range msgs {
-		e := reconciler.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, m.Data)
+		e := driver.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, m.Data)
 		e.Ref = strconv.FormatUint(m.Seq, 10)
 		switch {
 		case e.Valid:
@@ -166,7 +166,7 @@ func (inv *Inventory) census(ctx context.Context) (reconciler.Census, error) {
 }
 
 // Remove deletes one token message by its stream sequence.
-func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
+func (inv *Inventory) Remove(ctx context.Context, e driver.Entry) error {
 	seq, err := strconv.ParseUint(e.Ref, 10, 64)
 	if err != nil {
 		return fmt.Errorf("natssem: bad message reference %q", e.Ref)
@@ -183,7 +183,7 @@ func (inv *Inventory) Remove(ctx context.Context, e reconciler.Entry) error {
 // between them (JetStream drops the second within its 2-minute duplicate
 // window), and the compare-and-set that follows moves the revision, so that
 // a later loss gets a fresh ID. A duplicate publish or a failed
-// compare-and-set returns reconciler.ErrConflict.
+// compare-and-set returns driver.ErrConflict.
 func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	inv.mu.Lock()
 	sl, cfg := inv.slots[index], inv.cfg
@@ -198,7 +198,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	if err := inv.stillLocked(); err != nil {
 		return err
 	}
-	tok := tokensem.NewToken(s.name, index, cfg.Epoch)
+	tok := driver.NewToken(s.name, index, cfg.Epoch)
 	b, err := s.codec.Encode(tok)
 	if err != nil {
 		return err
@@ -209,15 +209,15 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 	cancel()
 	switch {
 	case isAPIError(err, jsDuplicateInProcess):
-		return reconciler.ErrConflict // another reconciler is issuing it
+		return driver.ErrConflict // another reconciler is issuing it
 	case err != nil:
 		return wrapBrokerErr(err)
 	case ack.Duplicate:
-		return reconciler.ErrConflict
+		return driver.ErrConflict
 	}
 	if _, err := s.slots.cas(ctx, index, record{Epoch: cfg.Epoch, By: "reconciler", Token: tok.ID}, sl.rev, 0); err != nil {
 		if errors.Is(err, errConflict) {
-			return reconciler.ErrConflict
+			return driver.ErrConflict
 		}
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 )
@@ -106,7 +107,7 @@ func TestClusterGroupResizeReachesAnIdleClient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		retired, err := tokensem.Codec{}.Encode(tokensem.NewToken(name, 1, st.Epoch))
+		retired, err := driver.Codec{}.Encode(driver.NewToken(name, 1, st.Epoch))
 		if err != nil {
 			t.Fatal(err)
 		}

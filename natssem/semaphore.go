@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
 	"github.com/tokensem/tokensem/internal/ids"
@@ -36,7 +37,7 @@ type Semaphore struct {
 	name     string
 	lay      layout
 	opts     options
-	codec    tokensem.Codec
+	codec    driver.Codec
 	log      *slog.Logger
 	pullSubj string
 	seeder   string // this client's id as the creator of a semaphore (Init)
@@ -263,7 +264,7 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		name:        name,
 		lay:         lay,
 		opts:        o,
-		codec:       tokensem.NewCodec(o.Key),
+		codec:       driver.NewCodec(o.Key),
 		log:         log,
 		pullSubj:    "$JS.API.CONSUMER.MSG.NEXT." + lay.stream + "." + lay.consumer,
 		seeder:      ids.New(),

@@ -4,13 +4,13 @@ import (
 	"context"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/weighted"
-	"github.com/tokensem/tokensem/reconciler"
 )
 
 var (
 	_ tokensem.Weighted = (*Semaphore)(nil)
-	_ reconciler.Gated  = (*Inventory)(nil)
+	_ driver.Gated      = (*Inventory)(nil)
 )
 
 // AcquireN blocks until it holds k permits, all or nothing, or ctx ends;
@@ -56,12 +56,12 @@ func (s *Semaphore) gatherer() weighted.Host[*Semaphore] {
 			return err
 		},
 		MakeGate: func(ctx context.Context) (*Semaphore, error) {
-			return initSemaphore(ctx, s.nc, weighted.GateName(s.name), 1, s.gateOptions())
+			return initSemaphore(ctx, s.nc, driver.GateName(s.name), 1, s.gateOptions())
 		},
 		OpenGate: func(ctx context.Context) (*Semaphore, error) {
-			return openSemaphore(ctx, s.nc, weighted.GateName(s.name), s.gateOptions())
+			return openSemaphore(ctx, s.nc, driver.GateName(s.name), s.gateOptions())
 		},
-		Inventory: func(g *Semaphore) reconciler.Inventory { return g.Inventory() },
+		Inventory: func(g *Semaphore) driver.Inventory { return g.Inventory() },
 	}
 }
 
@@ -82,6 +82,6 @@ func (s *Semaphore) gateOptions() options {
 // Gate returns the inventory of the semaphore's gate (see AcquireN), or nil
 // if no weighted caller ever made one: reconciler.Run repairs it after the
 // semaphore.
-func (inv *Inventory) Gate(ctx context.Context) (reconciler.Inventory, error) {
+func (inv *Inventory) Gate(ctx context.Context) (driver.Inventory, error) {
 	return inv.s.gatherer().GateInventory(ctx)
 }

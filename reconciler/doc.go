@@ -1,7 +1,7 @@
 // Package reconciler recounts a semaphore's tokens and repairs what
 // brokers, operators and crashes do to them: duplicated tokens, lost tokens,
 // junk, forgeries and tokens retired by a resize. It is backend-neutral: it
-// works through an Inventory, which each backend provides.
+// works through a driver.Inventory, which each backend provides.
 //
 // # Repair without raising admission
 //

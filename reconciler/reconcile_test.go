@@ -17,6 +17,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 type fixture struct {
 	name        string
 	sem         tokensem.Semaphore
-	inventory   func() reconciler.Inventory
+	inventory   func() driver.Inventory
 	publish     func(t testing.TB, b []byte)
 	deleteToken func(t testing.TB, index int)
 	resize      func(ctx context.Context, permits int) (reconciler.Report, error)
@@ -83,7 +84,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 	}
 	return &fixture{
 		name: name, sem: s, resize: s.Resize,
-		inventory: func() reconciler.Inventory { return s.Inventory() },
+		inventory: func() driver.Inventory { return s.Inventory() },
 		publish: func(t testing.TB, b []byte) {
 			t.Helper()
 			if _, err := js.Publish(bounded(t), natssem.Subject(name), b); err != nil {
@@ -139,7 +140,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 	t.Cleanup(func() { _ = raw.Close() })
 	return &fixture{
 		name: name, sem: s, resize: s.Resize,
-		inventory: func() reconciler.Inventory { return s.Inventory() },
+		inventory: func() driver.Inventory { return s.Inventory() },
 		publish: func(t testing.TB, b []byte) {
 			t.Helper()
 			ch, err := raw.Channel()
@@ -171,7 +172,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 				if err != nil || !ok {
 					t.Fatalf("no ready token of slot %d (%v)", index, err)
 				}
-				if tok, err := tokensem.NewCodec(key).Decode(d.Body); err == nil && tok.Index == index {
+				if tok, err := driver.NewCodec(key).Decode(d.Body); err == nil && tok.Index == index {
 					if err := d.Ack(false); err != nil {
 						t.Fatal(err)
 					}
@@ -189,7 +190,7 @@ func bounded(t testing.TB) context.Context { return semtest.Context(t, testTimeo
 
 const testTimeout = 45 * time.Second
 
-var runID = tokensem.NewToken("x", 0, 0).ID[:6]
+var runID = driver.NewToken("x", 0, 0).ID[:6]
 
 // epoch returns the epoch of the fixture's semaphore (its life, which its
 // tokens carry).
@@ -243,7 +244,7 @@ func TestRepair(t *testing.T) {
 		check  func(t *testing.T, r reconciler.Report)
 	}{
 		{"copied token", nil, func(t *testing.T, f *fixture) {
-			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 1, f.epoch(t)))
+			b, _ := driver.Codec{}.Encode(driver.NewToken(f.name, 1, f.epoch(t)))
 			f.publish(t, b)
 		}, func(t *testing.T, r reconciler.Report) {
 			if len(r.Duplicates) != 1 || r.Duplicates[0] != 1 {
@@ -263,7 +264,7 @@ func TestRepair(t *testing.T) {
 				}
 			}},
 		{"forged", key, func(t *testing.T, f *fixture) {
-			b, _ := tokensem.NewCodec([]byte("attacker-key-0123456789")).Encode(tokensem.NewToken(f.name, 0, f.epoch(t)))
+			b, _ := driver.NewCodec([]byte("attacker-key-0123456789")).Encode(driver.NewToken(f.name, 0, f.epoch(t)))
 			f.publish(t, b)
 		}, func(t *testing.T, r reconciler.Report) {
 			if r.Invalid != 1 || len(r.Duplicates) != 0 {
@@ -271,8 +272,8 @@ func TestRepair(t *testing.T) {
 			}
 		}},
 		{"retired", nil, func(t *testing.T, f *fixture) {
-			for _, tok := range []tokensem.Token{tokensem.NewToken(f.name, 7, f.epoch(t)), tokensem.NewToken(f.name, 0, 0)} {
-				b, _ := tokensem.Codec{}.Encode(tok)
+			for _, tok := range []tokensem.Token{driver.NewToken(f.name, 7, f.epoch(t)), driver.NewToken(f.name, 0, 0)} {
+				b, _ := driver.Codec{}.Encode(tok)
 				f.publish(t, b)
 			}
 		}, func(t *testing.T, r reconciler.Report) {
@@ -329,7 +330,7 @@ func TestHeldDuplicate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, 0, f.epoch(t)))
+			b, _ := driver.Codec{}.Encode(driver.NewToken(f.name, 0, f.epoch(t)))
 			f.publish(t, b)
 			r := run(t, f, true)
 			if r.Removed != 1 || !r.Healthy {
@@ -436,7 +437,7 @@ func BenchmarkRepair10k(b *testing.B) {
 		b.StopTimer()
 		for j := range 100 { // 100 losses and 100 copies
 			f.deleteToken(b, (i*100+j)%10_000)
-			tok, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, (i*100+j+5000)%10_000, epoch))
+			tok, _ := driver.Codec{}.Encode(driver.NewToken(f.name, (i*100+j+5000)%10_000, epoch))
 			f.publish(b, tok)
 		}
 		b.StartTimer()
@@ -645,7 +646,7 @@ func TestRepairLarge(t *testing.T) {
 					busy = busy || p.Token().Index == copied
 				}
 			}
-			b, _ := tokensem.Codec{}.Encode(tokensem.NewToken(f.name, copied, f.epoch(t)))
+			b, _ := driver.Codec{}.Encode(driver.NewToken(f.name, copied, f.epoch(t)))
 			f.publish(t, b)
 			f.publish(t, []byte("junk"))
 

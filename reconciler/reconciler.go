@@ -7,27 +7,9 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 )
-
-// ErrConflict is returned by Inventory.Issue when the slot changed since
-// the census (another reconciler issued it, or a holder appeared).
-var ErrConflict = errors.New("reconciler: slot changed since the census")
-
-// Inventory is what a backend offers the reconciler.
-type Inventory interface {
-	// Lock serializes reconcilers of one semaphore for the length of a run
-	// (backends whose Issue is guarded otherwise may return a no-op), and
-	// unlock releases everything the run held.
-	Lock(ctx context.Context) (unlock func(), err error)
-	// Census reads every token message and every live holder.
-	Census(ctx context.Context) (Census, error)
-	// Remove deletes one message found by the latest Census.
-	Remove(ctx context.Context, e Entry) error
-	// Issue publishes a token for index if the slot is still as the latest
-	// Census saw it (absent, unheld); otherwise it returns ErrConflict.
-	Issue(ctx context.Context, index int) error
-}
 
 // Report is the outcome of one reconciliation.
 type Report struct {
@@ -42,32 +24,20 @@ type Report struct {
 	Healthy    bool          `json:"healthy"`    // after the run
 	Census     time.Duration `json:"census_ns"`  // time of the (first) census
 	Repair     time.Duration `json:"repair_ns"`  // time of the repair
-	// Problems are the Census.Problems of the census Healthy was judged
+	// Problems are the driver.Census Problems of the census Healthy was judged
 	// by: what makes the semaphore unhealthy that no repair here fixes.
 	Problems []string `json:"problems,omitempty"`
-	// Gate is the run on the semaphore's gate (see Gated), if it has one;
+	// Gate is the run on the semaphore's gate (see driver.Gated), if it has one;
 	// Healthy above counts it too.
 	Gate *Report `json:"gate,omitempty"`
 }
 
-// Gated is an Inventory whose semaphore may have a gate: the one-permit
-// semaphore its weighted callers (tokensem.Weighted) take turns through,
-// whose token can be lost or copied like any other. natssem's and
-// amqpsem's inventories are Gated; Run reconciles the gate after the
-// semaphore.
-type Gated interface {
-	Inventory
-	// Gate returns the gate's inventory, or nil when the semaphore has no
-	// gate (no weighted caller ever gathered permits).
-	Gate(ctx context.Context) (Inventory, error)
-}
-
 // Run takes a census and, if repair is set, repairs what it found, then
-// takes a second census to report the outcome. A Gated inventory's gate is
+// takes a second census to report the outcome. A driver.Gated inventory's gate is
 // reconciled the same way afterwards (Report.Gate).
-func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
+func Run(ctx context.Context, inv driver.Inventory, repair bool) (Report, error) {
 	r, err := run(ctx, inv, repair)
-	g, ok := inv.(Gated)
+	g, ok := inv.(driver.Gated)
 	if err != nil || !ok {
 		return r, err
 	}
@@ -87,11 +57,11 @@ func Run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 	return r, nil
 }
 
-// RunWithoutGate is Run for inv's semaphore alone, leaving a Gated
+// RunWithoutGate is Run for inv's semaphore alone, leaving a driver.Gated
 // inventory's gate as it is: for runs that concern the semaphore's permits
 // only (a resize, a waiter's repair of orphaned tokens), which a failed gate
 // lookup must not fail.
-func RunWithoutGate(ctx context.Context, inv Inventory, repair bool) (Report, error) {
+func RunWithoutGate(ctx context.Context, inv driver.Inventory, repair bool) (Report, error) {
 	return run(ctx, inv, repair)
 }
 
@@ -102,7 +72,7 @@ func RunWithoutGate(ctx context.Context, inv Inventory, repair bool) (Report, er
 // slots >= permits, while their holders keep their permits until they
 // release. The gate, which has one permit whatever the count, is left
 // alone (RunWithoutGate).
-func Resize(ctx context.Context, inv Inventory, permits int, write func(ctx context.Context, permits int) error) (Report, error) {
+func Resize(ctx context.Context, inv driver.Inventory, permits int, write func(ctx context.Context, permits int) error) (Report, error) {
 	if err := tokensem.ValidatePermits(permits); err != nil {
 		return Report{}, err
 	}
@@ -112,7 +82,7 @@ func Resize(ctx context.Context, inv Inventory, permits int, write func(ctx cont
 	return RunWithoutGate(ctx, inv, true)
 }
 
-func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
+func run(ctx context.Context, inv driver.Inventory, repair bool) (Report, error) {
 	unlock, err := inv.Lock(ctx)
 	if err != nil {
 		return Report{}, err
@@ -123,7 +93,7 @@ func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	f := Analyze(c)
+	f := driver.Analyze(c)
 	r := Report{
 		Permits: c.Permits, Tokens: len(c.Entries), Duplicates: f.DuplicateIndices(),
 		Missing: append([]int{}, f.Missing...), Invalid: len(f.Invalid), Census: time.Since(t0),
@@ -155,7 +125,7 @@ func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 		switch err := inv.Issue(ctx, i); {
 		case err == nil:
 			r.Issued++
-		case errors.Is(err, ErrConflict):
+		case errors.Is(err, driver.ErrConflict):
 			r.Conflicts++
 		default:
 			return r, fmt.Errorf("reconciler: issue slot %d: %w", i, err)
@@ -173,7 +143,7 @@ func run(ctx context.Context, inv Inventory, repair bool) (Report, error) {
 		if err != nil {
 			return r, err
 		}
-		r.Healthy, r.Problems = Analyze(after).Healthy(after), after.Problems
+		r.Healthy, r.Problems = driver.Analyze(after).Healthy(after), after.Problems
 		if r.Healthy || try == afterRepairRecounts || r.Removed+r.Issued == 0 {
 			return r, nil
 		}
@@ -190,7 +160,7 @@ const afterRepairRecounts = 4
 // surplus returns the copies of one slot to remove: all but the held one,
 // or all but the first when none is held; all of them when the slot's held
 // token is unseen.
-func surplus(es []Entry, heldUnseen bool) []Entry {
+func surplus(es []driver.Entry, heldUnseen bool) []driver.Entry {
 	if heldUnseen {
 		return es
 	}
@@ -201,7 +171,7 @@ func surplus(es []Entry, heldUnseen bool) []Entry {
 			break
 		}
 	}
-	out := make([]Entry, 0, len(es)-1)
+	out := make([]driver.Entry, 0, len(es)-1)
 	for i, e := range es {
 		if i != keep {
 			out = append(out, e)
@@ -213,7 +183,7 @@ func surplus(es []Entry, heldUnseen bool) []Entry {
 // Watch runs Run every interval until ctx ends, handing each report (or
 // error) to report; a failed run is reported and retried at the next tick.
 // It returns ctx.Err(). Run it in a goroutine you own.
-func Watch(ctx context.Context, inv Inventory, interval time.Duration, repair bool, report func(Report, error)) error {
+func Watch(ctx context.Context, inv driver.Inventory, interval time.Duration, repair bool, report func(Report, error)) error {
 	if interval <= 0 {
 		return fmt.Errorf("reconciler: watch interval %v must be positive", interval)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
@@ -84,7 +85,7 @@ func forEachBackend(t *testing.T, test func(t *testing.T, init semgroup.InitFunc
 }
 
 // runID keeps names apart across runs on a long-lived RabbitMQ.
-var runID = tokensem.NewToken("x", 0, 0).ID[:6]
+var runID = driver.NewToken("x", 0, 0).ID[:6]
 
 var prefixSeq atomic.Int64
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
@@ -226,7 +227,7 @@ func TestAMQPMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := "metrics-" + tokensem.NewToken("x", 0, 0).ID[:8]
+	name := "metrics-" + driver.NewToken("x", 0, 0).ID[:8]
 	sem, err := amqpsem.Init(bounded(t), c, name, 1, amqpsem.WithObserver(m))
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/redact"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/reconciler"
@@ -102,7 +103,7 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 
 // inventoryOf returns the reconciler's view of s, for backends that have
 // one.
-func inventoryOf(s tokensem.Semaphore) (reconciler.Inventory, bool) {
+func inventoryOf(s tokensem.Semaphore) (driver.Inventory, bool) {
 	switch s := s.(type) {
 	case *natssem.Semaphore:
 		return s.Inventory(), true

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
-	"github.com/tokensem/tokensem/reconciler"
+	"github.com/tokensem/tokensem/driver"
 )
 
 // Backend adapts one broker to the suite. Every function opens its own
@@ -31,7 +31,7 @@ type Backend struct {
 	Crash func(t testing.TB, s tokensem.Semaphore)
 	// Inventory returns the reconciler's view of a semaphore the backend
 	// opened.
-	Inventory func(s tokensem.Semaphore) reconciler.Inventory
+	Inventory func(s tokensem.Semaphore) driver.Inventory
 	// Delete deletes semaphore name (Delete, or ForceDelete if force)
 	// through a connection of its own. It is also called from t.Cleanup,
 	// where t.Context() is done: bound it with CleanupContext.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/testhook"
 )
 
@@ -63,7 +64,7 @@ var nameSeq atomic.Int64
 
 // runID tells this run's semaphores from those earlier runs left on a
 // persistent broker.
-var runID = tokensem.NewToken("x", 0, 0).ID[:6]
+var runID = driver.NewToken("x", 0, 0).ID[:6]
 
 // uniqueName returns a fresh semaphore name for a test.
 func uniqueName(t testing.TB) string {
@@ -525,7 +526,7 @@ func testJunk(t *testing.T, b Backend) {
 	s := mustInit(t, b, name, 2, Options{})
 	b.InjectRaw(t, name, []byte("this is not a token"))
 	b.InjectRaw(t, name, nil)
-	other, _ := tokensem.Codec{}.Encode(tokensem.NewToken("some-other-semaphore", 0, 1))
+	other, _ := driver.Codec{}.Encode(driver.NewToken("some-other-semaphore", 0, 1))
 	b.InjectRaw(t, name, other)
 	settled(t, s, "status with junk, want 3 invalid and unhealthy", func(st tokensem.Status) bool {
 		return st.Invalid == 3 && !st.Healthy
@@ -561,8 +562,8 @@ func testSigned(t *testing.T, b Backend) {
 	}
 	// Forgeries: an unsigned token and one signed with another key, both for
 	// slot 0 of the right semaphore and epoch.
-	unsigned, _ := tokensem.Codec{}.Encode(tokensem.NewToken(name, 0, 1))
-	forged, _ := tokensem.NewCodec([]byte("attacker key 0123456789")).Encode(tokensem.NewToken(name, 0, 1))
+	unsigned, _ := driver.Codec{}.Encode(driver.NewToken(name, 0, 1))
+	forged, _ := driver.NewCodec([]byte("attacker key 0123456789")).Encode(driver.NewToken(name, 0, 1))
 	b.InjectRaw(t, name, unsigned)
 	b.InjectRaw(t, name, forged)
 	settled(t, s, "status with forgeries", func(st tokensem.Status) bool { return st.Invalid == 2 && st.Tokens == 3 })

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -450,9 +451,9 @@ func testWeightedGateRepaired(t *testing.T, b Backend) {
 	name := uniqueName(t)
 	s := mustInit(t, b, name, n, Options{})
 	w := weightedOf(t, s)
-	inv, ok := b.Inventory(s).(reconciler.Gated)
+	inv, ok := b.Inventory(s).(driver.Gated)
 	if !ok {
-		t.Fatalf("%T is not a reconciler.Gated", b.Inventory(s))
+		t.Fatalf("%T is not a driver.Gated", b.Inventory(s))
 	}
 	ctx := Context(t, time.Minute)
 	if g, err := inv.Gate(ctx); err != nil || g != nil {
@@ -523,7 +524,7 @@ func testWeightedAfterDelete(t *testing.T, b Backend) {
 		t.Fatalf("delete: %v", err)
 	}
 	fresh := mustInit(t, b, name, n, Options{})
-	if g, err := b.Inventory(fresh).(reconciler.Gated).Gate(ctx); err != nil || g != nil {
+	if g, err := b.Inventory(fresh).(driver.Gated).Gate(ctx); err != nil || g != nil {
 		t.Fatalf("the gate after Delete and Init: %v, %v; want none (deleted with its semaphore)", g, err)
 	}
 	if infos, err := b.List(t); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 )
 
 // Gate holds a backend semaphore's gate, made (or opened) on first use. The
@@ -194,7 +195,7 @@ func DeleteWithGate(ctx context.Context, name string, force bool, del func(ctx c
 	if err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
 		return err
 	}
-	if gerr := del(ctx, GateName(name), true); gerr != nil && !errors.Is(gerr, tokensem.ErrNotInitialized) {
+	if gerr := del(ctx, driver.GateName(name), true); gerr != nil && !errors.Is(gerr, tokensem.ErrNotInitialized) {
 		return fmt.Errorf("%s deleted, but not its gate: %w", name, gerr)
 	}
 	return err

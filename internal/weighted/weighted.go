@@ -3,7 +3,7 @@
 // TryAcquireN.
 //
 // Gatherers take turns through a gate: a semaphore of one permit beside the
-// semaphore, named GateName(name), created on first use with the same lease
+// semaphore, named driver.GateName(name), created on first use with the same lease
 // and key. The holder of the gate issues its k acquires at once; they queue
 // with the single-permit waiters in arrival order, so it holds all k once
 // the waiters queued before it have been served. No two gatherers ever hold
@@ -18,24 +18,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/ctxerr"
-	"github.com/tokensem/tokensem/reconciler"
 )
-
-// gatePrefix starts the name of every gate. No semaphore name can start
-// with '_' (tokensem.ValidateName), so a gate's resources never collide with
-// a semaphore's, and List can tell gates apart.
-const gatePrefix = "_gate_"
-
-// GateName returns the name of the gate of semaphore name.
-func GateName(name string) string { return gatePrefix + name }
-
-// IsGate reports whether name is a gate's name.
-func IsGate(name string) bool { return strings.HasPrefix(name, gatePrefix) }
 
 // Host is what a backend semaphore of type T gives the gatherer; its
 // AcquireN, TryAcquireN and its inventory's Gate call the methods below.
@@ -57,7 +45,7 @@ type Host[T tokensem.Semaphore] struct {
 	// returning tokensem.ErrNotInitialized when there is none.
 	MakeGate, OpenGate func(ctx context.Context) (T, error)
 	// Inventory returns a gate's inventory for the reconciler.
-	Inventory func(T) reconciler.Inventory
+	Inventory func(T) driver.Inventory
 }
 
 // recheckEvery is how often a waiting gatherer re-reads the permit count.
@@ -98,7 +86,7 @@ func (h Host[T]) gate(ctx context.Context, stale tokensem.Semaphore) (tokensem.S
 
 // GateInventory returns the inventory of the gate, or nil when no weighted
 // caller ever made one.
-func (h Host[T]) GateInventory(ctx context.Context) (reconciler.Inventory, error) {
+func (h Host[T]) GateInventory(ctx context.Context) (driver.Inventory, error) {
 	g, err := h.Gates.Get(ctx, h.Done, h.OpenGate)
 	switch {
 	case errors.Is(err, tokensem.ErrNotInitialized):

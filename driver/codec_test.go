@@ -1,4 +1,4 @@
-package tokensem_test
+package driver_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 )
 
 const testID = "0123456789abcdef0123456789abcdef"
@@ -25,7 +26,7 @@ func testToken() tokensem.Token {
 	return tokensem.Token{Semaphore: "orders", Index: 3, Epoch: 7, ID: testID}
 }
 
-func mustEncode(t testing.TB, c tokensem.Codec, tok tokensem.Token) []byte {
+func mustEncode(t testing.TB, c driver.Codec, tok tokensem.Token) []byte {
 	t.Helper()
 	b, err := c.Encode(tok)
 	if err != nil {
@@ -50,11 +51,11 @@ func withField(t testing.TB, enc []byte, i int, v string) []byte {
 func TestCodecRoundTrip(t *testing.T) {
 	codecs := []struct {
 		name  string
-		codec tokensem.Codec
+		codec driver.Codec
 	}{
-		{"unsigned", tokensem.NewCodec(nil)},
-		{"zero", tokensem.Codec{}},
-		{"signed", tokensem.NewCodec(testKey)},
+		{"unsigned", driver.NewCodec(nil)},
+		{"zero", driver.Codec{}},
+		{"signed", driver.NewCodec(testKey)},
 	}
 	tokens := []struct {
 		name string
@@ -65,14 +66,14 @@ func TestCodecRoundTrip(t *testing.T) {
 		{"last index", tokensem.Token{Semaphore: "A_b-9", Index: tokensem.MaxPermits - 1, Epoch: 1, ID: testID}},
 		{"max epoch", tokensem.Token{Semaphore: "tenant-42", Index: 1, Epoch: math.MaxUint64, ID: testID}},
 		{"longest name", tokensem.Token{Semaphore: strings.Repeat("n", tokensem.MaxNameLen), Index: tokensem.MaxPermits - 1, Epoch: math.MaxUint64, ID: testID}},
-		{"fresh", tokensem.NewToken("orders", 5, 9)},
+		{"fresh", driver.NewToken("orders", 5, 9)},
 	}
 	for _, c := range codecs {
 		for _, tt := range tokens {
 			t.Run(c.name+"/"+tt.name, func(t *testing.T) {
 				enc := mustEncode(t, c.codec, tt.tok)
-				if len(enc) > tokensem.MaxTokenLen {
-					t.Errorf("encoded length %d > MaxTokenLen %d", len(enc), tokensem.MaxTokenLen)
+				if len(enc) > driver.MaxTokenLen {
+					t.Errorf("encoded length %d > MaxTokenLen %d", len(enc), driver.MaxTokenLen)
 				}
 				want := "t1." + tt.tok.Semaphore + "." + strconv.Itoa(tt.tok.Index) + "." +
 					strconv.FormatUint(tt.tok.Epoch, 10) + "." + tt.tok.ID + "."
@@ -116,10 +117,10 @@ func TestEncodeRejectsMalformedToken(t *testing.T) {
 	}
 	codecs := []struct {
 		name  string
-		codec tokensem.Codec
+		codec driver.Codec
 	}{
-		{"unsigned", tokensem.Codec{}},
-		{"signed", tokensem.NewCodec(testKey)},
+		{"unsigned", driver.Codec{}},
+		{"signed", driver.NewCodec(testKey)},
 	}
 	for _, c := range codecs {
 		for _, tt := range tests {
@@ -137,9 +138,9 @@ func TestEncodeRejectsMalformedToken(t *testing.T) {
 }
 
 func TestDecodeRejectsMalformed(t *testing.T) {
-	valid := string(mustEncode(t, tokensem.Codec{}, testToken())) // "t1.orders.3.7.<id>."
+	valid := string(mustEncode(t, driver.Codec{}, testToken())) // "t1.orders.3.7.<id>."
 	field := func(i int, v string) string { return string(withField(t, []byte(valid), i, v)) }
-	tooLong := valid + strings.Repeat("A", tokensem.MaxTokenLen+1-len(valid))
+	tooLong := valid + strings.Repeat("A", driver.MaxTokenLen+1-len(valid))
 
 	tests := []struct {
 		name    string
@@ -185,10 +186,10 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 	}
 	codecs := []struct {
 		name  string
-		codec tokensem.Codec
+		codec driver.Codec
 	}{
-		{"unsigned", tokensem.Codec{}},
-		{"signed", tokensem.NewCodec(testKey)},
+		{"unsigned", driver.Codec{}},
+		{"signed", driver.NewCodec(testKey)},
 	}
 	for _, c := range codecs {
 		for _, tt := range tests {
@@ -208,26 +209,26 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 func TestDecodeLengthBoundary(t *testing.T) {
 	// Without a key the signature field is not checked, so padding it
 	// isolates the length limit.
-	valid := string(mustEncode(t, tokensem.Codec{}, testToken()))
-	atMax := valid + strings.Repeat("A", tokensem.MaxTokenLen-len(valid))
-	got, err := tokensem.Codec{}.Decode([]byte(atMax))
+	valid := string(mustEncode(t, driver.Codec{}, testToken()))
+	atMax := valid + strings.Repeat("A", driver.MaxTokenLen-len(valid))
+	got, err := driver.Codec{}.Decode([]byte(atMax))
 	if err != nil {
 		t.Fatalf("Decode of a %d-byte token: %v", len(atMax), err)
 	}
 	if got != testToken() {
 		t.Errorf("Decode = %+v, want %+v", got, testToken())
 	}
-	_, err = tokensem.Codec{}.Decode([]byte(atMax + "A"))
+	_, err = driver.Codec{}.Decode([]byte(atMax + "A"))
 	if !errors.Is(err, tokensem.ErrInvalidToken) {
 		t.Errorf("Decode of a %d-byte token: %v, want ErrInvalidToken", len(atMax)+1, err)
 	}
 }
 
 func TestDecodeForged(t *testing.T) {
-	c := tokensem.NewCodec(testKey)
+	c := driver.NewCodec(testKey)
 	signed := mustEncode(t, c, testToken())
-	unsigned := mustEncode(t, tokensem.Codec{}, testToken())
-	otherSigned := mustEncode(t, tokensem.NewCodec(otherKey), testToken())
+	unsigned := mustEncode(t, driver.Codec{}, testToken())
+	otherSigned := mustEncode(t, driver.NewCodec(otherKey), testToken())
 	sig := string(signed[bytes.LastIndexByte(signed, '.')+1:])
 	sibling := testToken()
 	sibling.Index++
@@ -273,18 +274,18 @@ func TestDecodeForged(t *testing.T) {
 }
 
 func TestDecodeWithoutKeyIgnoresSignature(t *testing.T) {
-	signed := mustEncode(t, tokensem.NewCodec(testKey), testToken())
+	signed := mustEncode(t, driver.NewCodec(testKey), testToken())
 	tests := []struct {
 		name string
 		in   []byte
 	}{
 		{"signed", signed},
-		{"signed by other key", mustEncode(t, tokensem.NewCodec(otherKey), testToken())},
+		{"signed by other key", mustEncode(t, driver.NewCodec(otherKey), testToken())},
 		{"junk signature", withField(t, signed, 5, "!!!")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := tokensem.Codec{}.Decode(tt.in)
+			got, err := driver.Codec{}.Decode(tt.in)
 			if err != nil {
 				t.Fatalf("Decode(%q): %v", tt.in, err)
 			}
@@ -298,11 +299,11 @@ func TestDecodeWithoutKeyIgnoresSignature(t *testing.T) {
 func TestKeyCheck(t *testing.T) {
 	for _, c := range []struct {
 		name  string
-		codec tokensem.Codec
+		codec driver.Codec
 	}{
-		{"zero", tokensem.Codec{}},
-		{"nil key", tokensem.NewCodec(nil)},
-		{"empty key", tokensem.NewCodec([]byte{})},
+		{"zero", driver.Codec{}},
+		{"nil key", driver.NewCodec(nil)},
+		{"empty key", driver.NewCodec([]byte{})},
 	} {
 		if c.codec.Signed() {
 			t.Errorf("%s codec: Signed() = true", c.name)
@@ -312,7 +313,7 @@ func TestKeyCheck(t *testing.T) {
 		}
 	}
 
-	a := tokensem.NewCodec(testKey)
+	a := driver.NewCodec(testKey)
 	if !a.Signed() {
 		t.Fatal("NewCodec(key).Signed() = false")
 	}
@@ -320,17 +321,17 @@ func TestKeyCheck(t *testing.T) {
 	if len(kc) != 16 || strings.Trim(kc, "0123456789abcdef") != "" {
 		t.Errorf("KeyCheck() = %q, want 16 lowercase hex digits", kc)
 	}
-	if again := tokensem.NewCodec(bytes.Clone(testKey)).KeyCheck(); again != kc {
+	if again := driver.NewCodec(bytes.Clone(testKey)).KeyCheck(); again != kc {
 		t.Errorf("KeyCheck differs for the same key: %q vs %q", kc, again)
 	}
-	if other := tokensem.NewCodec(otherKey).KeyCheck(); other == kc {
+	if other := driver.NewCodec(otherKey).KeyCheck(); other == kc {
 		t.Errorf("KeyCheck is %q for two different keys", kc)
 	}
 }
 
 func TestNewCodecCopiesKey(t *testing.T) {
 	key := bytes.Clone(testKey)
-	c := tokensem.NewCodec(key)
+	c := driver.NewCodec(key)
 	kc := c.KeyCheck()
 	enc := mustEncode(t, c, testToken())
 	for i := range key {
@@ -348,7 +349,7 @@ func TestNewToken(t *testing.T) {
 	const n = 1000
 	seen := make(map[string]bool, n)
 	for i := range n {
-		tok := tokensem.NewToken("orders", i, 42)
+		tok := driver.NewToken("orders", i, 42)
 		if tok.Semaphore != "orders" || tok.Index != i || tok.Epoch != 42 {
 			t.Fatalf("NewToken(orders, %d, 42) = %+v", i, tok)
 		}
@@ -386,16 +387,16 @@ func TestTokenString(t *testing.T) {
 // codec accepts exactly the bytes Encode writes, and an unkeyed one accepts
 // exactly Encode's fields followed by any signature field it cannot check.
 func FuzzDecode(f *testing.F) {
-	signedCodec := tokensem.NewCodec(testKey)
+	signedCodec := driver.NewCodec(testKey)
 	seeds := []tokensem.Token{
 		testToken(),
 		{Semaphore: "a", Index: 0, Epoch: 0, ID: testID},
 		{Semaphore: strings.Repeat("n", tokensem.MaxNameLen), Index: tokensem.MaxPermits - 1, Epoch: math.MaxUint64, ID: testID},
 	}
 	for _, tok := range seeds {
-		f.Add(mustEncode(f, tokensem.Codec{}, tok))
+		f.Add(mustEncode(f, driver.Codec{}, tok))
 		f.Add(mustEncode(f, signedCodec, tok))
-		f.Add(mustEncode(f, tokensem.NewCodec(otherKey), tok))
+		f.Add(mustEncode(f, driver.NewCodec(otherKey), tok))
 	}
 	f.Add([]byte(""))
 	f.Add([]byte("t1."))
@@ -406,7 +407,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte("t2.orders.3.7." + testID + "."))
 	f.Add([]byte("\x00\xff.t1"))
 
-	codecs := []tokensem.Codec{{}, signedCodec}
+	codecs := []driver.Codec{{}, signedCodec}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		orig := bytes.Clone(in)
 		for _, c := range codecs {
@@ -448,12 +449,12 @@ func FuzzDecode(f *testing.F) {
 }
 
 func TestCheckKey(t *testing.T) {
-	signed := tokensem.NewCodec([]byte("a key of sixteen bytes"))
-	other := tokensem.NewCodec([]byte("another key, 16+ bytes"))
-	unsigned := tokensem.NewCodec(nil)
+	signed := driver.NewCodec([]byte("a key of sixteen bytes"))
+	other := driver.NewCodec([]byte("another key, 16+ bytes"))
+	unsigned := driver.NewCodec(nil)
 	tests := []struct {
 		name   string
-		codec  tokensem.Codec
+		codec  driver.Codec
 		stored string
 		ok     bool
 	}{

@@ -1,25 +1,25 @@
-package weighted_test
+package driver_test
 
 import (
 	"bytes"
 	"testing"
 
 	"github.com/tokensem/tokensem"
-	"github.com/tokensem/tokensem/internal/weighted"
+	"github.com/tokensem/tokensem/driver"
 )
 
 // TestGateName: a gate's name is no semaphore's name, yet the codec takes
-// its tokens (tokens.go knows the prefix too).
+// its tokens (codec.go knows the prefix too).
 func TestGateName(t *testing.T) {
-	g := weighted.GateName("jobs")
-	if !weighted.IsGate(g) || weighted.IsGate("jobs") {
+	g := driver.GateName("jobs")
+	if !driver.IsGate(g) || driver.IsGate("jobs") {
 		t.Fatalf("IsGate(%q) or IsGate(jobs) wrong", g)
 	}
 	if err := tokensem.ValidateName(g); err == nil {
 		t.Fatalf("ValidateName(%q) = nil: a user could name a semaphore like a gate", g)
 	}
-	c := tokensem.NewCodec(nil)
-	tok := tokensem.NewToken(g, 0, 1)
+	c := driver.NewCodec(nil)
+	tok := driver.NewToken(g, 0, 1)
 	b, err := c.Encode(tok)
 	if err != nil {
 		t.Fatalf("encode a gate token: %v", err)
