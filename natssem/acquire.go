@@ -168,7 +168,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					if noWait {
 						gaveUp = nil // TryAcquire does not wait for a release
 					}
-					p, err := s.claim(context.WithoutCancel(ctx), gaveUp, m)
+					p, err := s.deliver(context.WithoutCancel(ctx), gaveUp, m)
 					switch {
 					case p != nil:
 						return p, nil

@@ -16,13 +16,14 @@ import (
 	"github.com/tokensem/tokensem/internal/ids"
 )
 
-// claim turns a delivery into a permit, or steps away from it. It returns a
-// permit, (nil, nil) when the caller should ask for another delivery, or an
-// error. The slot record decides: a free record is taken by compare-and-set;
-// a held record is taken over only when its holder has been silent for a
-// whole lease by the server's clock (the holder gave up before that, see
-// Permit); otherwise the delivery is a stale redelivery (step away, touch
-// nothing) or a duplicate token of a live holder's slot (delete it).
+// claim turns an admitted delivery into a permit, or steps away from it.
+// It returns a permit, (nil, nil) when the caller should ask for another
+// delivery, or an error. The slot record decides: a free record is taken by
+// compare-and-set; a held record is taken over only when its holder has
+// been silent for a whole lease by the server's clock (the holder gave up
+// before that, see Permit); otherwise the delivery is a stale redelivery
+// (step away, touch nothing) or a duplicate token of a live holder's slot
+// (delete it). lease is that of the token's own life (admit).
 //
 // A won write makes a permit only with at least minHold left before its
 // deadline; a later one (a slow broker, an election) frees the record again
@@ -32,26 +33,12 @@ import (
 // closes when the caller stops waiting, which ends a wait for a release
 // (awaitRelease). A nil gaveUp (TryAcquire, which returns at once) does not
 // wait for a release.
-func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.Msg) (*Permit, error) {
-	meta, err := m.Metadata()
-	if err != nil {
-		return nil, nil // not a JetStream delivery
-	}
-	seq := meta.Sequence.Stream
-	tok, cfg, err := s.admit(ctx, m.Data)
-	if err != nil {
-		if errors.Is(err, driver.ErrNotCurrent) {
-			s.discard(ctx, m, seq, err)
-			return nil, nil
-		}
-		s.giveBack(m)
-		return nil, err
-	}
+func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.Msg, d delivery, lease time.Duration) (*Permit, error) {
+	tok, seq := d.tok, d.seq
 	holder := ids.New() // unique id of this acquire
-	lease := cfg.Lease  // of the token's own life (admit)
-	d := delivery{tok: tok, reply: m.Reply, seq: seq, delivered: meta.NumDelivered, holder: holder}
-
-	cur, ok := s.slots.cached(tok.Index, tok.Epoch, seq, meta.NumDelivered)
+	d.holder = holder
+	var err error
+	cur, ok := s.slots.cached(tok.Index, tok.Epoch, seq, d.delivered)
 	for attempt := 0; attempt < 5; attempt++ {
 		if !ok {
 			cur, err = s.slots.read(ctx, tok.Index)
@@ -118,7 +105,7 @@ func (s *Semaphore) claim(ctx context.Context, gaveUp <-chan struct{}, m *nats.M
 		// A write answered after the last useful instant makes no permit:
 		// wait for it no longer than that.
 		wctx, cancel := context.WithDeadline(ctx, d.lastUseful(lease))
-		rev, err := s.slots.cas(wctx, tok.Index, d.rec, cur.rev, meta.NumDelivered)
+		rev, err := s.slots.cas(wctx, tok.Index, d.rec, cur.rev, d.delivered)
 		cancel()
 		switch {
 		case err == nil:
@@ -471,56 +458,6 @@ func (s *Semaphore) won(ctx context.Context, m *nats.Msg, d delivery, rev uint64
 		s.log.Debug("in-progress after claim failed", "err", err)
 	}
 	return s.newPermit(d, rev, lease), nil
-}
-
-// admit checks a delivered token against the configuration (see
-// driver.Admit) and returns it with the configuration it was admitted
-// by: that of the token's own life. A token whose epoch or index the cached
-// configuration does not know is checked again against one read afresh, so
-// a handle that meets a newer life (or a grown count) adopts it first. A
-// token that is not a current one of this semaphore is an error wrapping
-// driver.ErrNotCurrent.
-func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, config, error) {
-	var cfg config
-	tok, err := driver.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
-		read := s.freshConfig
-		if fresh {
-			read = s.refreshConfig
-		}
-		c, err := read(ctx)
-		cfg = c
-		return c.Permits, c.Epoch, err
-	})
-	if err != nil {
-		return tokensem.Token{}, config{}, err
-	}
-	if err := s.opts.checkRequestTimeout(cfg.Lease); err != nil {
-		return tokensem.Token{}, config{}, err
-	}
-	return tok, cfg, nil
-}
-
-// discard removes a delivery that can never be a permit (junk, forged, of
-// another semaphore, or retired by a resize). Acking removes it from a
-// work queue; the delivery is ours, and it holds no slot. A group's stream
-// keeps acknowledged messages (see createGroupStream), so there it is
-// deleted too.
-func (s *Semaphore) discard(ctx context.Context, m *nats.Msg, seq uint64, why error) {
-	s.log.Warn("removing an invalid token message", "seq", seq, "reason", why)
-	// Acked with a reply (a double ack), so that the message is gone when
-	// discard returns: a Status read after the caller's Acquire or
-	// TryAcquire does not still count it.
-	rctx, cancel := s.rtt(ctx)
-	_, err := s.nc.RequestWithContext(rctx, m.Reply, ackAck)
-	cancel()
-	if err != nil {
-		s.log.Warn("could not remove an invalid token message", "seq", seq, "err", err)
-	}
-	if s.lay.grouped() {
-		if err := s.deleteMsg(ctx, seq); err != nil {
-			s.log.Warn("could not delete an invalid token message", "seq", seq, "err", err)
-		}
-	}
 }
 
 func (s *Semaphore) deleteDuplicate(ctx context.Context, seq uint64) {

@@ -1,6 +1,8 @@
 package natssem
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -100,4 +102,102 @@ func (c config) check() error {
 		return err
 	}
 	return stored.Len("seeder", c.Seeder, 64)
+}
+
+// readConfig reads the configuration and its revision from the bucket's
+// stream leader (readLast).
+func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
+	data, seq, err := s.readLast(ctx, s.lay.key(configKey))
+	switch {
+	case errors.Is(err, errNoRecord):
+		return config{}, 0, fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
+	case err != nil:
+		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
+	}
+	cfg, err := decodeConfig(data)
+	if err != nil {
+		return config{}, seq, invalidConfig(s.name, err)
+	}
+	return cfg, seq, nil
+}
+
+// invalidConfig says that semaphore name's configuration is invalid (err
+// wraps tokensem.ErrInvalidRecord), and what removes it.
+func invalidConfig(name string, err error) error {
+	return fmt.Errorf("natssem: the configuration of %s cannot be used (ForceDelete, or seminit delete --force, removes the semaphore): %w", name, err)
+}
+
+func (s *Semaphore) config() config { return s.cfg.Get() }
+
+// refreshConfig re-reads the configuration (it changes on resize).
+func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
+	return s.cfg.Refresh(ctx, s.readCurrentConfig)
+}
+
+func (s *Semaphore) setConfig(cfg config) { s.cfg.Set(cfg) }
+
+// configTTL is how long an acquirer trusts the configuration it read: after
+// a resize, every client admits by the new permit count within this long.
+// A key of a group trusts it longer while the group's generation vouches
+// for it (generation.go).
+const configTTL = 2 * time.Second
+
+// cachedConfig returns the cached configuration, its age, and whether the
+// group's generation may vouch for it at that age (the one place that
+// decides it: vouchable, and younger than configMaxAge).
+func (s *Semaphore) cachedConfig() (cfg config, age time.Duration, byGen bool) {
+	cfg, at := s.cfg.GetAt()
+	age = time.Since(at)
+	return cfg, age, s.group != nil && cfg.vouchable() && age < configMaxAge
+}
+
+// readCurrentConfig reads the configuration; of a key whose changes bump
+// its group's generation, it notes the generation read before it.
+func (s *Semaphore) readCurrentConfig(ctx context.Context) (config, error) {
+	var (
+		g     genValue
+		noted bool
+	)
+	if s.group != nil {
+		var err error
+		g, err = s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
+		noted = err == nil && g.bumped()
+	}
+	cfg, _, err := s.readConfig(ctx)
+	if err == nil && noted && cfg.Version >= configVersionGen {
+		cfg.gen, cfg.genKnown = g, true
+	}
+	return cfg, err
+}
+
+// freshConfig returns the configuration an acquirer may admit by: the
+// cached one while it is younger than configTTL or its group's generation
+// vouches for it, else one read now.
+func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
+	if cfg, ok := s.byGeneration(ctx); ok {
+		return cfg, nil
+	}
+	return s.cfg.Fresh(ctx, configTTL, s.readCurrentConfig)
+}
+
+// prefetchConfig starts, beside an Acquire's pull, the read freshConfig
+// will need: none while the cached configuration is fresh or vouched for
+// by a generation read within configTTL; the generation when it is due
+// (it will most likely vouch); else the configuration. Call stop before
+// returning.
+func (s *Semaphore) prefetchConfig(ctx context.Context) (stop func()) {
+	cfg, age, byGen := s.cachedConfig()
+	if age < configTTL {
+		return func() {}
+	}
+	if byGen {
+		g, gat := s.group.gen.GetAt()
+		switch {
+		case time.Since(gat) >= configTTL:
+			return s.group.gen.Prefetch(ctx, configTTL, s.readGeneration)
+		case g == cfg.gen:
+			return func() {}
+		}
+	}
+	return s.cfg.Prefetch(ctx, configTTL, s.readCurrentConfig)
 }

@@ -133,15 +133,6 @@ func (s *Semaphore) announceConfig(ctx context.Context) error {
 	return s.bumpGeneration(ctx)
 }
 
-// cachedConfig returns the cached configuration, its age, and whether the
-// group's generation may vouch for it at that age (the one place that
-// decides it: vouchable, and younger than configMaxAge).
-func (s *Semaphore) cachedConfig() (cfg config, age time.Duration, byGen bool) {
-	cfg, at := s.cfg.GetAt()
-	age = time.Since(at)
-	return cfg, age, s.group != nil && cfg.vouchable() && age < configMaxAge
-}
-
 // byGeneration returns the cached configuration while it is younger than
 // configTTL, or while the group's generation vouches for it (see the top
 // of this file).
@@ -166,54 +157,3 @@ func (s *Semaphore) byGeneration(ctx context.Context) (config, bool) {
 // (deleteLocked), not after removing it, so a client that read the mark
 // reads the configuration again until it finds the next life's.
 func (c config) vouchable() bool { return c.genKnown && c.State == stateReady }
-
-// readCurrentConfig reads the configuration; of a key whose changes bump
-// its group's generation, it notes the generation read before it.
-func (s *Semaphore) readCurrentConfig(ctx context.Context) (config, error) {
-	var (
-		g     genValue
-		noted bool
-	)
-	if s.group != nil {
-		var err error
-		g, err = s.group.gen.Fresh(ctx, configTTL, s.readGeneration)
-		noted = err == nil && g.bumped()
-	}
-	cfg, _, err := s.readConfig(ctx)
-	if err == nil && noted && cfg.Version >= configVersionGen {
-		cfg.gen, cfg.genKnown = g, true
-	}
-	return cfg, err
-}
-
-// freshConfig returns the configuration an acquirer may admit by: the
-// cached one while it is younger than configTTL or its group's generation
-// vouches for it, else one read now.
-func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
-	if cfg, ok := s.byGeneration(ctx); ok {
-		return cfg, nil
-	}
-	return s.cfg.Fresh(ctx, configTTL, s.readCurrentConfig)
-}
-
-// prefetchConfig starts, beside an Acquire's pull, the read freshConfig
-// will need: none while the cached configuration is fresh or vouched for
-// by a generation read within configTTL; the generation when it is due
-// (it will most likely vouch); else the configuration. Call stop before
-// returning.
-func (s *Semaphore) prefetchConfig(ctx context.Context) (stop func()) {
-	cfg, age, byGen := s.cachedConfig()
-	if age < configTTL {
-		return func() {}
-	}
-	if byGen {
-		g, gat := s.group.gen.GetAt()
-		switch {
-		case time.Since(gat) >= configTTL:
-			return s.group.gen.Prefetch(ctx, configTTL, s.readGeneration)
-		case g == cfg.gen:
-			return func() {}
-		}
-	}
-	return s.cfg.Prefetch(ctx, configTTL, s.readCurrentConfig)
-}

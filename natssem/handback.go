@@ -119,3 +119,47 @@ func (h *handbacks) close() {
 		delete(h.pending, id)
 	}
 }
+
+// giveBack returns an unclaimed token delivery to the queue. Status
+// messages (heartbeats, timeouts) need nothing.
+func (s *Semaphore) giveBack(m *nats.Msg) {
+	if !isDelivery(m) {
+		return
+	}
+	if err := s.nc.Publish(m.Reply, ackNak); err != nil {
+		s.log.Warn("could not give back an unclaimed token; it returns after the lease", "err", err)
+	}
+}
+
+// handBack gives back a token that reached a waiter whose caller gave up,
+// as a release does (see handbacks): the next TryAcquire of this client
+// waits until the server has it back.
+func (s *Semaphore) handBack(m *nats.Msg) {
+	if !isDelivery(m) {
+		return
+	}
+	if err := s.returned.nak(m.Reply); err != nil {
+		s.log.Warn("could not give back an unclaimed token; it returns after the lease", "err", err)
+	}
+}
+
+// holdBack gives a token back to be redelivered after holdBackDelay, not
+// at once: a slot being deleted would otherwise bounce between waiters.
+func (s *Semaphore) holdBack(m *nats.Msg) {
+	if !isDelivery(m) {
+		return
+	}
+	if err := s.nc.Publish(m.Reply, ackNakDelayed); err != nil {
+		s.log.Warn("could not give back an unclaimed token; it returns after the lease", "err", err)
+	}
+}
+
+// holdBackDelay is how long holdBack keeps a token from the waiters.
+const holdBackDelay = 100 * time.Millisecond
+
+var (
+	ackNakDelayed = []byte(`-NAK {"delay": ` + strconv.FormatInt(int64(holdBackDelay), 10) + `}`)
+	ackNak        = []byte("-NAK")
+	ackProgress   = []byte("+WPI")
+	ackAck        = []byte("+ACK")
+)

@@ -312,29 +312,6 @@ func (s *Semaphore) bind(ctx context.Context) error {
 	return nil
 }
 
-// readConfig reads the configuration and its revision from the bucket's
-// stream leader (readLast).
-func (s *Semaphore) readConfig(ctx context.Context) (config, uint64, error) {
-	data, seq, err := s.readLast(ctx, s.lay.key(configKey))
-	switch {
-	case errors.Is(err, errNoRecord):
-		return config{}, 0, fmt.Errorf("%w: %s has no configuration", tokensem.ErrNotInitialized, s.name)
-	case err != nil:
-		return config{}, 0, wrapBrokerErr(fmt.Errorf("reading the configuration of %s: %w", s.name, err))
-	}
-	cfg, err := decodeConfig(data)
-	if err != nil {
-		return config{}, seq, invalidConfig(s.name, err)
-	}
-	return cfg, seq, nil
-}
-
-// invalidConfig says that semaphore name's configuration is invalid (err
-// wraps tokensem.ErrInvalidRecord), and what removes it.
-func invalidConfig(name string, err error) error {
-	return fmt.Errorf("natssem: the configuration of %s cannot be used (ForceDelete, or seminit delete --force, removes the semaphore): %w", name, err)
-}
-
 // errNoRecord is readLast's answer for a key never written, deleted or
 // purged.
 var errNoRecord = errors.New("natssem: no such record")
@@ -396,21 +373,6 @@ func (s *Semaphore) Permits() int { return s.cfg.Get().Permits }
 
 // Lease returns the semaphore's lease.
 func (s *Semaphore) Lease() time.Duration { return s.cfg.Get().Lease }
-
-func (s *Semaphore) config() config { return s.cfg.Get() }
-
-// refreshConfig re-reads the configuration (it changes on resize).
-func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
-	return s.cfg.Refresh(ctx, s.readCurrentConfig)
-}
-
-func (s *Semaphore) setConfig(cfg config) { s.cfg.Set(cfg) }
-
-// configTTL is how long an acquirer trusts the configuration it read: after
-// a resize, every client admits by the new permit count within this long.
-// A key of a group trusts it longer while the group's generation vouches
-// for it (generation.go).
-const configTTL = 2 * time.Second
 
 // Close makes later calls return tokensem.ErrClosed and wakes callers
 // blocked in Acquire (they return ErrClosed). Held permits stay valid until
