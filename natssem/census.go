@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
-	"github.com/tokensem/tokensem/internal/testhook"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -210,7 +209,7 @@ func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
 	if err != nil {
 		return tokensem.Count{}, err
 	}
-	now := info.TimeStamp.Add(testhook.ServerClockAhead()) // as serverNow
+	now := info.TimeStamp // as serverNow
 	held := 0
 	for idx, sl := range slots {
 		if idx < cfg.Permits && sl.heldIn(cfg, now) {
