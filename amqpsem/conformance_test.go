@@ -50,6 +50,9 @@ func amqpOptions(o semtest.Options) []amqpsem.Option {
 	if o.Key != nil {
 		opts = append(opts, amqpsem.WithKey(o.Key))
 	}
+	if o.Logger != nil {
+		opts = append(opts, amqpsem.WithLogger(o.Logger))
+	}
 	return opts
 }
 

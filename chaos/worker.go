@@ -21,7 +21,6 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
-	"github.com/tokensem/tokensem/internal/testhook"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -50,7 +49,8 @@ const (
 	nameEnv    = "TOKENSEM_CHAOS_NAME"    // semaphore name
 	meterEnv   = "TOKENSEM_CHAOS_METER"   // host:port of the meter
 	// skewEnv, a duration, makes the worker read the NATS server's clock
-	// that far ahead (see testhook.SetServerClockAhead).
+	// that far ahead: its connection moves the time in every consumer info
+	// the server sends (see skewDialer).
 	skewEnv = "TOKENSEM_CHAOS_SKEW"
 	// longEnv, "P:MIN-MAX" (e.g. "0.1:300ms-3s"), makes a hold last
 	// between MIN and MAX with probability P, instead of 2-20 ms.
@@ -107,13 +107,12 @@ func RunWorker() int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1
 	}
+	var skew time.Duration
 	if v := os.Getenv(skewEnv); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
+		if skew, err = time.ParseDuration(v); err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", skewEnv, err)
 			return 1
 		}
-		testhook.SetServerClockAhead(d)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -133,7 +132,7 @@ func RunWorker() int {
 		}
 	}
 	q := listenQuiet(m)
-	sem, closeSem, err := openSemaphore(ctx)
+	sem, closeSem, err := openSemaphore(ctx, skew)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker: open:", err)
 		return 1
@@ -157,7 +156,7 @@ func RunWorker() int {
 			report(Report{Op: "fail", Call: call, At: time.Now().UnixNano(), Err: err.Error()})
 			if errors.Is(err, tokensem.ErrNotInitialized) || errors.Is(err, tokensem.ErrClosed) {
 				closeSem()
-				if sem, closeSem, err = openSemaphore(ctx); err != nil {
+				if sem, closeSem, err = openSemaphore(ctx, skew); err != nil {
 					closeSem = func() {}
 					return 0 // ctx ended
 				}
@@ -306,11 +305,12 @@ func errString(err error) string {
 }
 
 // openSemaphore connects to the broker (retrying while it is down) and
-// opens the semaphore (retrying while it does not exist).
-func openSemaphore(ctx context.Context) (tokensem.Semaphore, func(), error) {
+// opens the semaphore (retrying while it does not exist). A NATS
+// connection sees the server's clock skew ahead.
+func openSemaphore(ctx context.Context, skew time.Duration) (tokensem.Semaphore, func(), error) {
 	name, url := os.Getenv(nameEnv), os.Getenv(urlEnv)
 	for {
-		s, closeFn, err := tryOpen(ctx, os.Getenv(backendEnv), url, name)
+		s, closeFn, err := tryOpen(ctx, os.Getenv(backendEnv), url, name, skew)
 		if err == nil || ctx.Err() != nil {
 			return s, closeFn, err
 		}
@@ -324,13 +324,17 @@ func openSemaphore(ctx context.Context) (tokensem.Semaphore, func(), error) {
 	}
 }
 
-func tryOpen(ctx context.Context, backend, url, name string) (tokensem.Semaphore, func(), error) {
+func tryOpen(ctx context.Context, backend, url, name string, skew time.Duration) (tokensem.Semaphore, func(), error) {
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	switch backend {
 	case "nats":
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
-			nats.ReconnectJitter(10*time.Millisecond, 10*time.Millisecond), nats.RetryOnFailedConnect(false))
+		copts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+			nats.ReconnectJitter(10*time.Millisecond, 10*time.Millisecond), nats.RetryOnFailedConnect(false)}
+		if skew != 0 {
+			copts = append(copts, nats.SetCustomDialer(&skewDialer{ahead: skew, Dialer: net.Dialer{Timeout: nats.DefaultTimeout}}))
+		}
+		nc, err := nats.Connect(url, copts...)
 		if err != nil {
 			return nil, nil, err
 		}

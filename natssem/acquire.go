@@ -12,7 +12,6 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/semopts"
-	"github.com/tokensem/tokensem/internal/testhook"
 )
 
 // Acquire blocks until it holds a permit or ctx ends. Callers are served in
@@ -143,13 +142,11 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 				if err := s.checkWaiterQueue(ctx); err != nil {
 					return nil, err
 				}
-				s.log.Debug("waiting pull went silent; re-issuing it")
-				testhook.NotePullReissue("silent")
+				s.log.Debug(reissued, "reason", "silent")
 				w.lost()
 				break wait
 			case <-w.reconnected:
-				s.log.Debug("reconnected; re-issuing the waiting pull")
-				testhook.NotePullReissue("reconnected")
+				s.log.Debug(reissued, "reason", "reconnected")
 				w.lost()
 				break wait
 			case m := <-w.ch:
@@ -201,7 +198,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						}
 						break wait
 					}
-					testhook.NotePullReissue("408 expired")
+					s.log.Debug(reissued, "reason", "expired")
 					break wait // our pull expired: re-issue it
 				case "409":
 					if isMaxWaiting(desc) {
@@ -210,8 +207,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 					if err := s.checkConsumer(ctx); err != nil && !transient(err) {
 						return nil, err
 					}
-					s.log.Debug("pull ended by the server; re-issuing it", "status", desc)
-					testhook.NotePullReissue("409 " + desc)
+					s.log.Debug(reissued, "reason", "ended by the server", "status", desc)
 					if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
 						return nil, err
 					}
@@ -233,7 +229,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 						}
 						s.log.Warn("no consumer answers pulls; waiting on", "for", time.Since(unanswered).Round(time.Millisecond), "err", err)
 					}
-					testhook.NotePullReissue("503 no responders")
+					s.log.Debug(reissued, "reason", "no responders")
 					if err := pause.Wait(ctx, s.done); err != nil {
 						return nil, err
 					}
@@ -245,6 +241,12 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		}
 	}
 }
+
+// reissued is the message of the Debug record logged when a waiting pull
+// is asked again, at the back of the server's queue of waiters: FIFO order
+// is not promised across it. The conformance suite counts these records by
+// this message (semtest.ReissueMessage).
+const reissued = "waiting pull re-issued"
 
 // transient reports whether err is a broker failure that waiting may cure:
 // one wrapping tokensem.ErrUnavailable, unless it says the semaphore, the
@@ -292,7 +294,7 @@ func (s *Semaphore) serverNow(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	return info.TimeStamp.Add(testhook.ServerClockAhead()), nil
+	return info.TimeStamp, nil
 }
 
 // consumerInfo reads the holders consumer's info: one round trip (the

@@ -12,7 +12,6 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
-	"github.com/tokensem/tokensem/internal/testhook"
 )
 
 // storedToken is one message of the token stream, read without consuming
@@ -210,7 +209,7 @@ func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
 	if err != nil {
 		return tokensem.Count{}, err
 	}
-	now := info.TimeStamp.Add(testhook.ServerClockAhead()) // as serverNow
+	now := info.TimeStamp // as serverNow
 	held := 0
 	for idx, sl := range slots {
 		if idx < cfg.Permits && sl.heldIn(cfg, now) {

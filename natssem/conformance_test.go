@@ -42,6 +42,9 @@ func natsOptions(o semtest.Options, extra []natssem.Option) []natssem.Option {
 	if o.Key != nil {
 		opts = append(opts, natssem.WithKey(o.Key))
 	}
+	if o.Logger != nil {
+		opts = append(opts, natssem.WithLogger(o.Logger))
+	}
 	return opts
 }
 

@@ -2,6 +2,7 @@ package semtest
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +49,10 @@ type Backend struct {
 type Options struct {
 	Lease time.Duration // 0: the backend's default
 	Key   []byte        // nil: unsigned
+	// Logger receives the semaphore's log records (nil: the backend's
+	// default). A backend must pass it to the semaphore: the suite reads
+	// it (see ReissueMessage).
+	Logger *slog.Logger
 }
 
 // Meter counts concurrent holders as observed by the holders themselves: it
