@@ -9,7 +9,7 @@ import (
 
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/driver"
-	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/benchtest"
 )
 
 func benchSem(b *testing.B, n string, create bool) *amqpsem.Semaphore {
@@ -31,7 +31,7 @@ func benchSem(b *testing.B, n string, create bool) *amqpsem.Semaphore {
 
 // BenchmarkCycle is one client's Acquire+Release on RabbitMQ.
 func BenchmarkCycle(b *testing.B) {
-	semtest.BenchCycle(b, benchSem(b, "bench-cycle-"+driver.NewToken("x", 0, 0).ID[:6], true))
+	benchtest.BenchCycle(b, benchSem(b, "bench-cycle-"+driver.NewToken("x", 0, 0).ID[:6], true))
 }
 
 // BenchmarkHandoff measures release → a waiter blocked on another
@@ -57,7 +57,7 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 	// A quorum queue counts the holder as a consumer: the waiter is queued
 	// once the count, settled at the holder alone, reaches two.
-	semtest.BenchHandoff(b, a, w,
+	benchtest.BenchHandoff(b, a, w,
 		func() bool { return consumers() == 1 },
 		func() bool { return consumers() >= 2 })
 }
@@ -72,7 +72,7 @@ func BenchmarkWeighted(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = s.Close() })
 	for _, k := range []int{1, 2, 4} {
-		b.Run(fmt.Sprintf("AcquireN-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, false) })
-		b.Run(fmt.Sprintf("singles-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, true) })
+		b.Run(fmt.Sprintf("AcquireN-%d", k), func(b *testing.B) { benchtest.BenchWeighted(b, s, k, false) })
+		b.Run(fmt.Sprintf("singles-%d", k), func(b *testing.B) { benchtest.BenchWeighted(b, s, k, true) })
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/testenv"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
@@ -22,7 +23,7 @@ import (
 var srv *embedded.Server
 
 func TestMain(m *testing.M) {
-	os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }))
+	os.Exit(testenv.Main(m, testenv.NATS, func(b testenv.Brokers) { srv = b.NATS }))
 }
 
 var nameSeq atomic.Int64

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/benchtest"
 	"github.com/tokensem/tokensem/natssem"
 )
 
@@ -69,7 +69,7 @@ func BenchmarkCycle(b *testing.B) {
 	}
 	defer s.Close()
 	rtt := rawRTT(b, 2000)
-	p50 := semtest.BenchCycle(b, s)
+	p50 := benchtest.BenchCycle(b, s)
 	b.ReportMetric(float64(rtt.Microseconds()), "raw-rtt-µs")
 	b.ReportMetric(float64(p50)/float64(rtt), "p50/rtt")
 }
@@ -98,7 +98,7 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 	// Consumer info only: a Status census would create and delete a KV
 	// watcher, work the server would still be doing in the timed section.
-	semtest.BenchHandoff(b, a, w, nil, func() bool {
+	benchtest.BenchHandoff(b, a, w, nil, func() bool {
 		info, err := consumer.Info(ctx)
 		return err == nil && info.NumWaiting >= 1
 	})
@@ -158,7 +158,7 @@ func BenchmarkPrimitives(b *testing.B) {
 		t2 := time.Now()
 		cas, pull = append(cas, t1.Sub(t0)), append(pull, t2.Sub(t1))
 	}
-	c50, p50 := semtest.Percentile(cas, 0.5), semtest.Percentile(pull, 0.5)
+	c50, p50 := benchtest.Percentile(cas, 0.5), benchtest.Percentile(pull, 0.5)
 	b.ReportMetric(float64(rtt.Microseconds()), "raw-rtt-µs")
 	b.ReportMetric(float64(c50.Microseconds()), "cas-p50-µs")
 	b.ReportMetric(float64(p50.Microseconds()), "nak+pull-p50-µs")
@@ -174,8 +174,8 @@ func BenchmarkWeighted(b *testing.B) {
 	}
 	defer s.Close()
 	for _, k := range []int{1, 2, 4} {
-		b.Run(fmt.Sprintf("AcquireN-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, false) })
-		b.Run(fmt.Sprintf("singles-%d", k), func(b *testing.B) { semtest.BenchWeighted(b, s, k, true) })
+		b.Run(fmt.Sprintf("AcquireN-%d", k), func(b *testing.B) { benchtest.BenchWeighted(b, s, k, false) })
+		b.Run(fmt.Sprintf("singles-%d", k), func(b *testing.B) { benchtest.BenchWeighted(b, s, k, true) })
 	}
 }
 

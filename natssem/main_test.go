@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem/internal/natstest"
-	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/testenv"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -43,7 +43,7 @@ func cluster(t testing.TB) *natstest.Cluster {
 }
 
 func TestMain(m *testing.M) {
-	os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }, func() {
+	os.Exit(testenv.Main(m, testenv.NATS, func(b testenv.Brokers) { srv = b.NATS }, func() {
 		if clusterSrv != nil {
 			clusterSrv.Shutdown()
 		}

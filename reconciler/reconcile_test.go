@@ -19,6 +19,7 @@ import (
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/testenv"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/reconciler"
@@ -26,11 +27,11 @@ import (
 
 var (
 	srv     *embedded.Server
-	brokers semtest.Brokers
+	brokers testenv.Brokers
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(semtest.Main(m, semtest.NATS|semtest.Rabbit, func(b semtest.Brokers) { srv, brokers = b.NATS, b }))
+	os.Exit(testenv.Main(m, testenv.NATS|testenv.Rabbit, func(b testenv.Brokers) { srv, brokers = b.NATS, b }))
 }
 
 // fixture is one semaphore on one broker, with ways to damage it straight

@@ -15,6 +15,7 @@ import (
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/testenv"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/semgroup"
@@ -22,11 +23,11 @@ import (
 
 var (
 	srv     *embedded.Server
-	brokers semtest.Brokers
+	brokers testenv.Brokers
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(semtest.Main(m, semtest.NATS|semtest.Rabbit, func(b semtest.Brokers) { srv, brokers = b.NATS, b }))
+	os.Exit(testenv.Main(m, testenv.NATS|testenv.Rabbit, func(b testenv.Brokers) { srv, brokers = b.NATS, b }))
 }
 
 // backends are the brokers every group test runs on: the embedded NATS

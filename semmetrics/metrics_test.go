@@ -16,6 +16,7 @@ import (
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/testenv"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/reconciler"
@@ -24,7 +25,7 @@ import (
 var srv *embedded.Server
 
 func TestMain(m *testing.M) {
-	os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }))
+	os.Exit(testenv.Main(m, testenv.NATS, func(b testenv.Brokers) { srv = b.NATS }))
 }
 
 func connect(t *testing.T) *nats.Conn {

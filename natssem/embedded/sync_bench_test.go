@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/benchtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
@@ -85,6 +85,6 @@ func benchWrites(b *testing.B, url string, replicas int) {
 			b.Fatal(err)
 		}
 		defer s.Close()
-		semtest.BenchCycle(b, s)
+		benchtest.BenchCycle(b, s)
 	})
 }

@@ -1,4 +1,8 @@
-package semtest
+// Package benchtest measures any tokensem.Semaphore the same way, so that
+// the benchmarks of every backend (go test -bench) report comparable
+// figures: an acquire/release cycle, a hand-off to a queued waiter, a
+// weighted acquire.
+package benchtest
 
 import (
 	"context"

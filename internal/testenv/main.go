@@ -1,4 +1,9 @@
-package semtest
+// Package testenv gives a test package the brokers its tests talk to: an
+// embedded NATS server, the RabbitMQ of $RABBITMQ_URL (a missing one fails
+// under CI=true), and a TestMain that stops them and checks for leaked
+// goroutines. The conformance suite (internal/semtest) knows no broker;
+// this package is where brokers come from.
+package testenv
 
 import (
 	"context"
@@ -51,7 +56,7 @@ func (b Brokers) RabbitFor(t testing.TB) *rabbittest.Broker {
 // leaked goroutines. Use it as
 //
 //	func TestMain(m *testing.M) {
-//		os.Exit(semtest.Main(m, semtest.NATS, func(b semtest.Brokers) { srv = b.NATS }))
+//		os.Exit(testenv.Main(m, testenv.NATS, func(b testenv.Brokers) { srv = b.NATS }))
 //	}
 func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 	var b Brokers
