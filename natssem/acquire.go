@@ -99,147 +99,202 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 		// was handed back, and that hand-back is waited for too.
 		s.returned.wait(ctx, s.requestTimeout())
 	}
-
-	// A queued pull hears a heartbeat every heartbeat interval. The first
-	// one is awaited briefly: the server drops a pull silently when the
-	// waiter queue is full. A later silence of two heartbeats means the
-	// pull was lost; a reconnection says so at once.
-	hb := s.opts.heartbeat
-	firstBeat, idle := hb+hb/2, 2*hb
-	timer := time.NewTimer(firstBeat)
-	defer timer.Stop()
-	var unanswered time.Time // since when pulls find no consumer (503)
-	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
-	tries := 0
-	// A waiter taken over from a caller that gave up still has its pull
-	// queued: Acquire waits on it (its place in the queue).
-	adopted := !noWait && w.pending() > 0
+	a := &acquisition{
+		s: s, w: w, noWait: noWait,
+		timer: time.NewTimer(time.Hour), // set by ask
+		pause: backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second},
+		// A waiter taken over from a caller that gave up still has its
+		// pull queued: Acquire waits on it (its place in the queue).
+		adopted: !noWait && w.pending() > 0,
+	}
+	defer a.timer.Stop()
 	for {
-		if adopted {
-			adopted = false
-			// Its first heartbeat, or the next, is due by the same rule
-			// as for a pull of this call's own.
-			timer.Reset(max(w.silence(hb), time.Millisecond))
-		} else if err := w.pull(noWait); err != nil {
-			if noWait || !transient(err) {
-				return nil, err
-			}
-			if err := pause.Wait(ctx, s.done); err != nil {
-				return nil, err
-			}
-			continue
-		} else {
-			timer.Reset(firstBeat)
+		if err := a.ask(ctx); err != nil {
+			return nil, err
 		}
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-s.done:
-				return nil, tokensem.ErrClosed
-			case <-timer.C:
-				if err := s.checkWaiterQueue(ctx); err != nil {
-					return nil, err
-				}
-				s.log.Debug(reissued, "reason", "silent")
-				w.lost()
-				break wait
-			case <-w.reconnected:
-				s.log.Debug(reissued, "reason", "reconnected")
-				w.lost()
-				break wait
-			case m := <-w.ch:
-				timer.Reset(idle)
-				w.ended(m) // a token or a final status ends a pull
-				code, desc := status(m)
-				switch code {
-				case "":
-					if !isDelivery(m) {
-						continue // not for us
-					}
-					unanswered = time.Time{}
-					// A claim is short and runs to its end even if ctx
-					// ends meanwhile: its outcome must be known.
-					gaveUp := ctx.Done()
-					if noWait {
-						gaveUp = nil // TryAcquire does not wait for a release
-					}
-					p, err := s.deliver(context.WithoutCancel(ctx), gaveUp, m)
-					switch {
-					case p != nil:
-						return p, nil
-					case err != nil && (noWait || !transient(err)):
-						return nil, err
-					case err != nil:
-						s.log.Warn("claim failed; waiting on", "err", err)
-						if err := pause.Wait(ctx, s.done); err != nil {
-							return nil, err
-						}
-					default:
-						pause.Reset()
-					}
-					tries++
-					if noWait && tries >= maxTryDeliveries {
-						return nil, tokensem.ErrNoPermit
-					}
-					break wait // stepped away: ask again
-				case "100": // idle heartbeat
-				case "404":
-					return nil, tokensem.ErrNoPermit
-				case "408":
-					if noWait {
-						// "Requests Pending": the ready tokens are on their
-						// way to pulls queued ahead. Ask again a few times
-						// (one may come back, handed back by a caller that
-						// gave up), not for ever.
-						if tries++; tries >= maxTryDeliveries {
-							return nil, tokensem.ErrNoPermit
-						}
-						break wait
-					}
-					s.log.Debug(reissued, "reason", "expired")
-					break wait // our pull expired: re-issue it
-				case "409":
-					if isMaxWaiting(desc) {
-						return nil, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
-					}
-					if err := s.checkConsumer(ctx); err != nil && !transient(err) {
-						return nil, err
-					}
-					s.log.Debug(reissued, "reason", "ended by the server", "status", desc)
-					if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
-						return nil, err
-					}
-					break wait
-				case "503":
-					// No consumer answers the pull: its stream or consumer
-					// is electing a leader, JetStream is restarting, or the
-					// semaphore was deleted.
-					if unanswered.IsZero() {
-						unanswered = time.Now()
-					}
-					if time.Since(unanswered) > s.requestTimeout() {
-						err := s.checkConsumer(ctx)
-						if err == nil {
-							err = wrapBrokerErr(fmt.Errorf("%s: no consumer answers: %w", s.name, nats.ErrNoResponders))
-						}
-						if noWait || !transient(err) {
-							return nil, err
-						}
-						s.log.Warn("no consumer answers pulls; waiting on", "for", time.Since(unanswered).Round(time.Millisecond), "err", err)
-					}
-					s.log.Debug(reissued, "reason", "no responders")
-					if err := pause.Wait(ctx, s.done); err != nil {
-						return nil, err
-					}
-					break wait
-				default:
-					return nil, wrapBrokerErr(fmt.Errorf("pull answered %s %s", code, desc))
-				}
+		if p, err := a.await(ctx); p != nil || err != nil {
+			return p, err
+		}
+	}
+}
+
+// An acquisition is one Acquire or TryAcquire call's turn through its
+// waiter's pulls: ask (pull, or adopt the pull a caller that gave up left
+// queued), await the pull's outcome, and ask again until a delivery
+// becomes a permit (deliver) or the call fails.
+//
+// A queued pull hears a heartbeat every heartbeat interval. The first one
+// is awaited briefly: the server drops a pull silently when the waiter
+// queue is full. A later silence of two heartbeats means the pull was
+// lost; a reconnection says so at once.
+type acquisition struct {
+	s       *Semaphore
+	w       *waiter
+	noWait  bool
+	timer   *time.Timer // the next heartbeat is due when it fires
+	pause   backoff.Backoff
+	adopted bool
+	// unanswered is since when pulls find no consumer (503).
+	unanswered time.Time
+	// tries counts a TryAcquire's unusable deliveries and 408s.
+	tries int
+}
+
+// ask sends a pull, or adopts the one already queued, and sets the timer
+// for its first heartbeat. A broker that fails the pull for a while is
+// waited out (Acquire only).
+func (a *acquisition) ask(ctx context.Context) error {
+	hb := a.s.opts.heartbeat
+	if a.adopted {
+		a.adopted = false
+		// Its first heartbeat, or the next, is due by the same rule as
+		// for a pull of this call's own.
+		a.timer.Reset(max(a.w.silence(hb), time.Millisecond))
+		return nil
+	}
+	for {
+		err := a.w.pull(a.noWait)
+		if err == nil {
+			a.timer.Reset(hb + hb/2)
+			return nil
+		}
+		if a.noWait || !transient(err) {
+			return err
+		}
+		if err := a.pause.Wait(ctx, a.s.done); err != nil {
+			return err
+		}
+	}
+}
+
+// await waits for the outcome of the pull asked for: a permit, an error,
+// or (nil, nil) when the call should ask again.
+func (a *acquisition) await(ctx context.Context) (*Permit, error) {
+	s, w := a.s, a.w
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.done:
+			return nil, tokensem.ErrClosed
+		case <-a.timer.C:
+			if err := s.checkWaiterQueue(ctx); err != nil {
+				return nil, err
+			}
+			s.log.Debug(reissued, "reason", "silent")
+			w.lost()
+			return nil, nil
+		case <-w.reconnected:
+			s.log.Debug(reissued, "reason", "reconnected")
+			w.lost()
+			return nil, nil
+		case m := <-w.ch:
+			a.timer.Reset(2 * s.opts.heartbeat)
+			w.ended(m) // a token or a final status ends a pull
+			if p, waitOn, err := a.answer(ctx, m); !waitOn {
+				return p, err
 			}
 		}
 	}
+}
+
+// answer handles one message to the waiter's inbox: a delivery (deliver),
+// or a status of the pull. waitOn says the pull is still queued (a
+// heartbeat, a message not for it); otherwise p and err are await's.
+func (a *acquisition) answer(ctx context.Context, m *nats.Msg) (p *Permit, waitOn bool, err error) {
+	s := a.s
+	code, desc := status(m)
+	switch code {
+	case "":
+		if !isDelivery(m) {
+			return nil, true, nil // not for us
+		}
+		p, err := a.delivered(ctx, m)
+		return p, false, err
+	case "100": // idle heartbeat
+		return nil, true, nil
+	case "404":
+		return nil, false, tokensem.ErrNoPermit
+	case "408":
+		if a.noWait {
+			// "Requests Pending": the ready tokens are on their way to
+			// pulls queued ahead. Ask again a few times (one may come
+			// back, handed back by a caller that gave up), not for ever.
+			if a.tries++; a.tries >= maxTryDeliveries {
+				return nil, false, tokensem.ErrNoPermit
+			}
+			return nil, false, nil
+		}
+		s.log.Debug(reissued, "reason", "expired")
+		return nil, false, nil // our pull expired: re-issue it
+	case "409":
+		if isMaxWaiting(desc) {
+			return nil, false, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
+		}
+		if err := s.checkConsumer(ctx); err != nil && !transient(err) {
+			return nil, false, err
+		}
+		s.log.Debug(reissued, "reason", "ended by the server", "status", desc)
+		return nil, false, backoff.Sleep(ctx, 10*time.Millisecond)
+	case "503":
+		return nil, false, a.unanswer(ctx)
+	default:
+		return nil, false, wrapBrokerErr(fmt.Errorf("pull answered %s %s", code, desc))
+	}
+}
+
+// delivered takes a token delivered to the pull along its path (deliver).
+// A claim is short and runs to its end even if ctx ends meanwhile: its
+// outcome must be known.
+func (a *acquisition) delivered(ctx context.Context, m *nats.Msg) (*Permit, error) {
+	s := a.s
+	a.unanswered = time.Time{}
+	gaveUp := ctx.Done()
+	if a.noWait {
+		gaveUp = nil // TryAcquire does not wait for a release
+	}
+	p, err := s.deliver(context.WithoutCancel(ctx), gaveUp, m)
+	switch {
+	case p != nil:
+		return p, nil
+	case err != nil && (a.noWait || !transient(err)):
+		return nil, err
+	case err != nil:
+		s.log.Warn("claim failed; waiting on", "err", err)
+		if err := a.pause.Wait(ctx, s.done); err != nil {
+			return nil, err
+		}
+	default:
+		a.pause.Reset()
+	}
+	a.tries++
+	if a.noWait && a.tries >= maxTryDeliveries {
+		return nil, tokensem.ErrNoPermit
+	}
+	return nil, nil // stepped away: ask again
+}
+
+// unanswer handles a pull that no consumer answers (503): its stream or
+// consumer is electing a leader, JetStream is restarting, or the semaphore
+// was deleted. Past a request timeout of such answers it checks the
+// consumer, and fails unless waiting may cure it.
+func (a *acquisition) unanswer(ctx context.Context) error {
+	s := a.s
+	if a.unanswered.IsZero() {
+		a.unanswered = time.Now()
+	}
+	if time.Since(a.unanswered) > s.requestTimeout() {
+		err := s.checkConsumer(ctx)
+		if err == nil {
+			err = wrapBrokerErr(fmt.Errorf("%s: no consumer answers: %w", s.name, nats.ErrNoResponders))
+		}
+		if a.noWait || !transient(err) {
+			return err
+		}
+		s.log.Warn("no consumer answers pulls; waiting on", "for", time.Since(a.unanswered).Round(time.Millisecond), "err", err)
+	}
+	s.log.Debug(reissued, "reason", "no responders")
+	return a.pause.Wait(ctx, s.done)
 }
 
 // reissued is the message of the Debug record logged when a waiting pull
