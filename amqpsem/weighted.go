@@ -21,11 +21,7 @@ var (
 // rights Init needs).
 //
 // If ctx ends, AcquireN returns ctx.Err() itself once it has handed back
-// what it had gathered and the gate (see tokensem.Weighted). Three runs of
-// 300 calls with a 250 ms deadline on a semaphore whose permits were all
-// held, on two cores kept busy by two CPU hogs, returned p50 3 to 5 ms,
-// p99 at most 44 ms and at most 159 ms after the deadline (Acquire: p50 1
-// to 2 ms, p99 at most 66 ms, at most 110 ms).
+// what it had gathered and the gate (see tokensem.Weighted).
 //
 // Errors: those of Acquire, tokensem.ErrInvalidPermits (k < 1) and
 // tokensem.ErrWeightExceedsPermits (k above the permits).

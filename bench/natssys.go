@@ -95,9 +95,9 @@ func groupOpts(group string) []natssem.Option {
 }
 
 func (n *natsSystem) Waiting(ctx context.Context, name string) (int, error) {
-	stream, consumer := natssem.StreamName(name), "holders"
+	stream, consumer := natssem.ResourcesOf(name, "").Stream, "holders"
 	if n.group != "" {
-		stream, consumer = natssem.GroupStreamName(n.group), "holders_"+name
+		stream, consumer = natssem.ResourcesOf("", n.group).Stream, "holders_"+name
 	}
 	return pullsWaiting(ctx, n.js, stream, consumer)
 }
@@ -122,8 +122,8 @@ func (n *natsSystem) Cleanup(ctx context.Context, name string) {
 		_ = natssem.ForceDelete(ctx, n.probe, name, groupOpts(n.group)...)
 		return
 	}
-	_ = n.js.DeleteStream(ctx, natssem.StreamName(name))
-	_ = n.js.DeleteKeyValue(ctx, natssem.BucketName(name))
+	_ = n.js.DeleteStream(ctx, natssem.ResourcesOf(name, "").Stream)
+	_ = n.js.DeleteKeyValue(ctx, natssem.ResourcesOf(name, "").Bucket)
 }
 
 func (n *natsSystem) Close() {

@@ -258,9 +258,9 @@ func lifeEpoch(t *testing.T, ctx context.Context, s *natssem.Semaphore) uint64 {
 // slotRecord reads slot i's record of semaphore name (a key of group when
 // group is set) as raw JSON fields.
 func slotRecord(ctx context.Context, js jetstream.JetStream, name, group string, i int) (map[string]any, uint64, error) {
-	bucket, key := natssem.BucketName(name), fmt.Sprintf("slot.%d", i)
+	bucket, key := natssem.ResourcesOf(name, "").Bucket, fmt.Sprintf("slot.%d", i)
 	if group != "" {
-		bucket, key = natssem.GroupBucketName(group), fmt.Sprintf("%s.slot.%d", name, i)
+		bucket, key = natssem.ResourcesOf("", group).Bucket, fmt.Sprintf("%s.slot.%d", name, i)
 	}
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
@@ -293,9 +293,9 @@ func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 // group when group is set).
 func holdersConsumer(t *testing.T, ctx context.Context, js jetstream.JetStream, name, group string) jetstream.Consumer {
 	t.Helper()
-	stream, cons := natssem.StreamName(name), "holders"
+	stream, cons := natssem.ResourcesOf(name, "").Stream, "holders"
 	if group != "" {
-		stream, cons = natssem.GroupStreamName(group), "holders_"+name
+		stream, cons = natssem.ResourcesOf("", group).Stream, "holders_"+name
 	}
 	c, err := js.Consumer(ctx, stream, cons)
 	if err != nil {
@@ -502,11 +502,11 @@ func churn(t *testing.T, cc churnConfig) {
 	ctx := semtest.Context(t, 5*time.Minute)
 	name := seamName("attack-churn")
 	var opts []natssem.Option
-	kvStream, tokenStream := "KV_"+natssem.BucketName(name), natssem.StreamName(name)
+	kvStream, tokenStream := "KV_"+natssem.ResourcesOf(name, "").Bucket, natssem.ResourcesOf(name, "").Stream
 	if cc.group {
 		group := seamName("attack-churn-group")
 		opts = append(opts, natssem.WithGroup(group))
-		kvStream, tokenStream = "KV_"+natssem.GroupBucketName(group), natssem.GroupStreamName(group)
+		kvStream, tokenStream = "KV_"+natssem.ResourcesOf("", group).Bucket, natssem.ResourcesOf("", group).Stream
 	}
 	if cc.replicas > 0 {
 		opts = append(opts, natssem.WithReplicas(cc.replicas))
@@ -1055,7 +1055,7 @@ func TestAttackShrunkSlotClaimedDuringDelete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, natssem.BucketName(name))
+	kv, err := js.KeyValue(ctx, natssem.ResourcesOf(name, "").Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,7 +92,7 @@ func BenchmarkHandoff(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	consumer, err := js.Consumer(ctx, natssem.StreamName("bench-handoff"), "holders")
+	consumer, err := js.Consumer(ctx, natssem.ResourcesOf("bench-handoff", "").Stream, "holders")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -213,8 +213,8 @@ func BenchmarkGroupKey(b *testing.B) {
 	b.Cleanup(func() {
 		js, _ := jetstream.New(nc)
 		cctx := context.WithoutCancel(ctx)
-		_ = js.DeleteStream(cctx, natssem.GroupStreamName(group))
-		_ = js.DeleteKeyValue(cctx, natssem.GroupBucketName(group))
+		_ = js.DeleteStream(cctx, natssem.ResourcesOf("", group).Stream)
+		_ = js.DeleteKeyValue(cctx, natssem.ResourcesOf("", group).Bucket)
 	})
 	var inits, dels time.Duration
 	i := 0

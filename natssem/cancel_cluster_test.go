@@ -254,7 +254,7 @@ func initClusterOfOne(ctx context.Context, t *testing.T, name string, opts ...na
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.Consumer(ctx, natssem.StreamName(name), "holders")
+	cons, err := js.Consumer(ctx, natssem.ResourcesOf(name, "").Stream, "holders")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,9 +173,9 @@ func clusterLeaderLoss(t *testing.T, group string) {
 	name := fmt.Sprintf("leaderloss-%d", time.Now().UnixNano())
 	ctx := semtest.Context(t, 2*time.Minute)
 	var in []natssem.Option
-	stream := natssem.StreamName(name)
+	stream := natssem.ResourcesOf(name, "").Stream
 	if group != "" {
-		in, stream = []natssem.Option{natssem.WithGroup(group)}, natssem.GroupStreamName(group)
+		in, stream = []natssem.Option{natssem.WithGroup(group)}, natssem.ResourcesOf("", group).Stream
 		neighbour, err := natssem.Init(ctx, connectCluster(t, 1), "neighbour", 1, natssem.WithReplicas(3), in[0])
 		if err != nil {
 			t.Fatal(err)
@@ -303,7 +303,7 @@ func TestClusterRepairCountsItsOwnRemoval(t *testing.T) {
 	}
 	removed := 0
 	for i := range 40 {
-		if _, err := js.Publish(ctx, natssem.Subject(name), []byte(fmt.Sprintf("junk %d", i))); err != nil {
+		if _, err := js.Publish(ctx, natssem.ResourcesOf(name, "").Subject, []byte(fmt.Sprintf("junk %d", i))); err != nil {
 			t.Fatal(err)
 		}
 		r, err := reconciler.Run(ctx, s.Inventory(), true)

@@ -90,7 +90,7 @@ func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.B
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
-			if _, err := js.Publish(ctx, natssem.Subject(name), data); err != nil {
+			if _, err := js.Publish(ctx, natssem.ResourcesOf(name, "").Subject, data); err != nil {
 				t.Fatalf("inject into %s: %v", name, err)
 			}
 		},
@@ -113,7 +113,7 @@ func natsBackend(name string, addrs []string, extra ...natssem.Option) semtest.B
 			return natssem.List(semtest.Context(t, time.Minute), connect(t, spread(addrs[0])))
 		},
 		ReplaceConfig: func(t testing.TB, name string, edit func([]byte) []byte) {
-			replaceRecord(t, addrs[0], natssem.BucketName(name), "config", edit)
+			replaceRecord(t, addrs[0], natssem.ResourcesOf(name, "").Bucket, "config", edit)
 		},
 	}
 }
@@ -185,7 +185,7 @@ func natsGroupBackend(name, group string, addrs []string, extra ...natssem.Optio
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
-		if _, err := js.Publish(ctx, natssem.GroupSubject(group, name), data); err != nil {
+		if _, err := js.Publish(ctx, natssem.ResourcesOf(name, group).Subject, data); err != nil {
 			t.Fatalf("inject into %s of %s: %v", name, group, err)
 		}
 	}
@@ -200,7 +200,7 @@ func natsGroupBackend(name, group string, addrs []string, extra ...natssem.Optio
 		return natssem.List(semtest.Context(t, time.Minute), connect(t, addrs[0]), in)
 	}
 	b.ReplaceConfig = func(t testing.TB, name string, edit func([]byte) []byte) {
-		replaceRecord(t, addrs[0], natssem.GroupBucketName(group), name+".config", edit)
+		replaceRecord(t, addrs[0], natssem.ResourcesOf("", group).Bucket, name+".config", edit)
 	}
 	return b
 }

@@ -174,7 +174,7 @@ func (s *Semaphore) createGroupStream(ctx context.Context, sc jetstream.StreamCo
 		return stream, err
 	}
 	sc.Description = "tokensem tokens of group " + s.lay.group
-	sc.Subjects = []string{GroupSubject(s.lay.group, "*")}
+	sc.Subjects = []string{ResourcesOf("*", s.lay.group).Subject}
 	sc.Retention = jetstream.LimitsPolicy
 	sc.MaxConsumers = MaxGroupKeys
 	stream, err = s.js.CreateStream(ctx, sc)

@@ -76,7 +76,7 @@ func TestDeleteWorkBoundedByRealSlots(t *testing.T) {
 	_ = s.Close()
 	watch := connect(t, srv.Addr().String())
 	var writes atomic.Int64
-	sub, err := watch.Subscribe("$KV."+natssem.BucketName(name)+".>", func(*nats.Msg) { writes.Add(1) })
+	sub, err := watch.Subscribe("$KV."+natssem.ResourcesOf(name, "").Bucket+".>", func(*nats.Msg) { writes.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func rawConsumer(t *testing.T, name string) jetstream.Consumer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := js.Consumer(t.Context(), natssem.StreamName(name), "holders")
+	c, err := js.Consumer(t.Context(), natssem.ResourcesOf(name, "").Stream, "holders")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func rawPublish(t *testing.T, name string, data []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(t.Context(), natssem.Subject(name), data); err != nil {
+	if _, err := js.Publish(t.Context(), natssem.ResourcesOf(name, "").Subject, data); err != nil {
 		t.Fatal(err)
 	}
 }

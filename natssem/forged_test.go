@@ -30,12 +30,12 @@ type forgedSem struct {
 
 func newForgedSem(t *testing.T, name string, grouped bool, permits int, lease time.Duration) forgedSem {
 	t.Helper()
-	f := forgedSem{name: name, bucket: natssem.BucketName(name), stream: natssem.StreamName(name), consumer: "holders", sub: natssem.Subject(name)}
+	f := forgedSem{name: name, bucket: natssem.ResourcesOf(name, "").Bucket, stream: natssem.ResourcesOf(name, "").Stream, consumer: "holders", sub: natssem.ResourcesOf(name, "").Subject}
 	opts := []natssem.Option{natssem.WithLease(lease)}
 	if grouped {
 		f.group = name + "-g"
-		f.bucket, f.prefix = natssem.GroupBucketName(f.group), name+"."
-		f.stream, f.consumer, f.sub = natssem.GroupStreamName(f.group), "holders_"+name, natssem.GroupSubject(f.group, name)
+		f.bucket, f.prefix = natssem.ResourcesOf("", f.group).Bucket, name+"."
+		f.stream, f.consumer, f.sub = natssem.ResourcesOf("", f.group).Stream, "holders_"+name, natssem.ResourcesOf(name, f.group).Subject
 		opts = append(opts, natssem.WithGroup(f.group))
 	}
 	f.s = initNATS(t, name, permits, opts...)

@@ -27,7 +27,7 @@ func watchReads(t *testing.T, srv *embedded.Server, nc *nats.Conn, group string)
 	t.Helper()
 	r := &configReads{nc: nc, mon: dial(t, srv), msgs: make(chan *nats.Msg, 1024)}
 	for _, api := range []string{"STREAM.MSG.GET", "DIRECT.GET"} {
-		sub, err := r.mon.ChanSubscribe("$JS.API."+api+".KV_"+GroupBucketName(group), r.msgs)
+		sub, err := r.mon.ChanSubscribe("$JS.API."+api+".KV_"+ResourcesOf("", group).Bucket, r.msgs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,10 +297,10 @@ func TestGroupInitAfterTheGroupWasRemoved(t *testing.T) {
 	if stream, _ := a.group.found(); stream == nil {
 		t.Fatal("the Init did not remember the group's stream; the test needs it to")
 	}
-	if err := a.js.DeleteStream(ctx, GroupStreamName(group)); err != nil {
+	if err := a.js.DeleteStream(ctx, ResourcesOf("", group).Stream); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.js.DeleteKeyValue(ctx, GroupBucketName(group)); err != nil {
+	if err := a.js.DeleteKeyValue(ctx, ResourcesOf("", group).Bucket); err != nil {
 		t.Fatal(err)
 	}
 	b, err := Init(ctx, nc, "second", 2, WithGroup(group))

@@ -149,7 +149,7 @@ func TestGroupInitClearsLeftovers(t *testing.T) {
 	nc, js, in := groupWithNeighbour(t, group)
 	ctx := semtest.Context(t, time.Minute)
 	for i := range 3 {
-		if _, err := js.Publish(ctx, natssem.GroupSubject(group, key), fmt.Appendf(nil, "leftover %d", i)); err != nil {
+		if _, err := js.Publish(ctx, natssem.ResourcesOf(key, group).Subject, fmt.Appendf(nil, "leftover %d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -172,8 +172,8 @@ func TestGroupStaleConsumerGetsTheLease(t *testing.T) {
 	key := fmt.Sprintf("k%d", time.Now().UnixNano()) // a new key each run (-count)
 	nc, js, in := groupWithNeighbour(t, group)
 	ctx := semtest.Context(t, time.Minute)
-	if _, err := js.CreateConsumer(ctx, natssem.GroupStreamName(group), jetstream.ConsumerConfig{
-		Durable: "holders_" + key, FilterSubject: natssem.GroupSubject(group, key),
+	if _, err := js.CreateConsumer(ctx, natssem.ResourcesOf("", group).Stream, jetstream.ConsumerConfig{
+		Durable: "holders_" + key, FilterSubject: natssem.ResourcesOf(key, group).Subject,
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour,
 	}); err != nil {
 		t.Fatal(err)
@@ -183,7 +183,7 @@ func TestGroupStaleConsumerGetsTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c, err := js.Consumer(ctx, natssem.GroupStreamName(group), "holders_"+key)
+	c, err := js.Consumer(ctx, natssem.ResourcesOf("", group).Stream, "holders_"+key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,26 +16,22 @@ const (
 	groupConsumerPrefix = "holders_"   // holders_<key>, one per key
 )
 
-// StreamName returns the name of the token stream of semaphore name.
-func StreamName(name string) string { return streamPrefix + name }
+// Resources names the broker resources of one semaphore: what an operator
+// grants rights on (docs/permissions-nats.md) and watches.
+type Resources struct {
+	Stream    string // the token stream (a group's is shared by its keys)
+	Subject   string // the subject of the semaphore's tokens
+	Consumer  string // the durable pull consumer its holders take tokens from
+	Bucket    string // the KV bucket of its configuration, slot records and lock (a group's is shared)
+	KeyPrefix string // the prefix of its records' keys in the bucket: "" alone, "<name>." in a group
+}
 
-// BucketName returns the name of the KV bucket of semaphore name.
-func BucketName(name string) string { return bucketPrefix + name }
-
-// Subject returns the subject the tokens of semaphore name are published on.
-func Subject(name string) string { return "tokensem." + name + ".tokens" }
-
-// GroupStreamName returns the name of the token stream that the semaphores
-// of group (WithGroup) share.
-func GroupStreamName(group string) string { return groupStreamPrefix + group }
-
-// GroupBucketName returns the name of the KV bucket that the semaphores of
-// group share.
-func GroupBucketName(group string) string { return groupBucketPrefix + group }
-
-// GroupSubject returns the subject the tokens of semaphore key of group are
-// published on.
-func GroupSubject(group, key string) string { return "tokensemg." + group + "." + key + ".tokens" }
+// ResourcesOf returns the resources of semaphore name, or of key name of
+// group (WithGroup) when group is not "". It checks neither name.
+func ResourcesOf(name, group string) Resources {
+	l := newLayout(group, name)
+	return Resources{Stream: l.stream, Subject: l.subject, Consumer: l.consumer, Bucket: l.bucket, KeyPrefix: l.prefix}
+}
 
 // layout names the broker resources of one semaphore: a stream, consumer
 // and bucket of its own, or its share of its group's (a subject, a
@@ -51,11 +47,11 @@ type layout struct {
 
 func newLayout(group, name string) layout {
 	if group == "" {
-		return layout{stream: StreamName(name), bucket: BucketName(name), subject: Subject(name), consumer: consumerName}
+		return layout{stream: streamPrefix + name, bucket: bucketPrefix + name, subject: "tokensem." + name + ".tokens", consumer: consumerName}
 	}
 	return layout{
-		group: group, stream: GroupStreamName(group), bucket: GroupBucketName(group),
-		subject: GroupSubject(group, name), consumer: groupConsumerPrefix + name, prefix: name + ".",
+		group: group, stream: groupStreamPrefix + group, bucket: groupBucketPrefix + group,
+		subject: "tokensemg." + group + "." + name + ".tokens", consumer: groupConsumerPrefix + name, prefix: name + ".",
 	}
 }
 

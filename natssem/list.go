@@ -105,7 +105,7 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 	for _, name := range names {
 		info := tokensem.Info{Name: name, Backend: "nats", State: stateCreating}
 		rctx, cancel := s.rtt(ctx)
-		kv, err := s.js.KeyValue(rctx, BucketName(name))
+		kv, err := s.js.KeyValue(rctx, ResourcesOf(name, "").Bucket)
 		var e jetstream.KeyValueEntry
 		if err == nil {
 			e, err = kv.Get(rctx, configKey)

@@ -142,9 +142,9 @@ func WithReplicas(n int) Option {
 }
 
 // WithGroup makes the semaphore one key of group: the semaphores of a
-// group share one token stream (GroupStreamName) and one KV bucket
-// (GroupBucketName), each key with a subject of its own, a consumer
-// filtered on it, and its records under a key prefix, so that many
+// group share one token stream and one KV bucket (see ResourcesOf),
+// each key with a subject of its own, a consumer filtered on it, and its
+// records under a key prefix, so that many
 // semaphores (one per tenant, per route: see semgroup) cost the broker a
 // consumer each rather than two streams each. Every guarantee holds per
 // key as for a semaphore of its own. Init, Open, Delete and ForceDelete of

@@ -111,7 +111,7 @@ func TestClusterGroupResizeReachesAnIdleClient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := js.Publish(ctx, natssem.GroupSubject(group, name), retired); err != nil {
+		if _, err := js.Publish(ctx, natssem.ResourcesOf(name, group).Subject, retired); err != nil {
 			t.Fatal(err)
 		}
 		p, err := idle.Acquire(ctx)

@@ -20,7 +20,7 @@ func TestInvalidSlotRecords(t *testing.T) {
 	const name = "bad-slots"
 	s := initNATS(t, name, 2, natssem.WithLease(2*time.Second))
 	put := func(key string, value []byte) {
-		replaceRecord(t, srv.Addr().String(), natssem.BucketName(name), key, func([]byte) []byte { return value })
+		replaceRecord(t, srv.Addr().String(), natssem.ResourcesOf(name, "").Bucket, key, func([]byte) []byte { return value })
 	}
 	put("slot.0", []byte(strings.Repeat("\x00garbage\xff", 10<<10)))
 	put("slot.1", []byte(`{"e":1152921504606846976,"h":"forged","seq":1}`))
@@ -52,7 +52,7 @@ func TestInvalidSlotRecords(t *testing.T) {
 func TestOversizedLockRecord(t *testing.T) {
 	const name = "big-lock"
 	s := initNATS(t, name, 2)
-	replaceRecord(t, srv.Addr().String(), natssem.BucketName(name), "lock", func([]byte) []byte {
+	replaceRecord(t, srv.Addr().String(), natssem.ResourcesOf(name, "").Bucket, "lock", func([]byte) []byte {
 		return []byte(`{"h":"someone","o":"` + strings.Repeat("x", 100<<10) + `"}`)
 	})
 	ctx := semtest.Context(t, 8*time.Second) // the lock expires after 15 s
@@ -70,7 +70,7 @@ func TestInvalidConfigFields(t *testing.T) {
 	const name = "bad-fields"
 	initNATS(t, name, 2)
 	var orig []byte
-	replaceRecord(t, srv.Addr().String(), natssem.BucketName(name), "config", func(old []byte) []byte {
+	replaceRecord(t, srv.Addr().String(), natssem.ResourcesOf(name, "").Bucket, "config", func(old []byte) []byte {
 		orig = old
 		return old
 	})
@@ -91,7 +91,7 @@ func TestInvalidConfigFields(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			replaceRecord(t, srv.Addr().String(), natssem.BucketName(name), "config", func([]byte) []byte {
+			replaceRecord(t, srv.Addr().String(), natssem.ResourcesOf(name, "").Bucket, "config", func([]byte) []byte {
 				return semtest.EditJSON(t, orig, tc.field, tc.value)
 			})
 			_, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name)
@@ -100,7 +100,7 @@ func TestInvalidConfigFields(t *testing.T) {
 			}
 		})
 	}
-	replaceRecord(t, srv.Addr().String(), natssem.BucketName(name), "config", func([]byte) []byte { return orig })
+	replaceRecord(t, srv.Addr().String(), natssem.ResourcesOf(name, "").Bucket, "config", func([]byte) []byte { return orig })
 	if _, err := natssem.Open(t.Context(), connect(t, srv.Addr().String()), name); err != nil {
 		t.Fatalf("open with the configuration put back: %v", err)
 	}

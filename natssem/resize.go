@@ -22,7 +22,7 @@ import (
 // that write fails, Resize returns the error, running it again moves the
 // generation, and until then clients admit by the new count within a
 // minute. Clients need publish permission on the generation's subject
-// ($KV.<GroupBucketName>._generation) as on the bucket's other records.
+// ($KV.<bucket>._generation, the bucket of ResourcesOf) as on the bucket's other records.
 //
 // Errors: tokensem.ErrInvalidPermits, tokensem.ErrClosed, or a wrapped
 // broker error.

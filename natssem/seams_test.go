@@ -324,10 +324,10 @@ func TestSeamGroupRemovedByHand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := js.DeleteStream(ctx, natssem.GroupStreamName(group)); err != nil {
+	if err := js.DeleteStream(ctx, natssem.ResourcesOf("", group).Stream); err != nil {
 		t.Fatalf("operator: delete the group's stream: %v", err)
 	}
-	if err := js.DeleteKeyValue(ctx, natssem.GroupBucketName(group)); err != nil {
+	if err := js.DeleteKeyValue(ctx, natssem.ResourcesOf("", group).Bucket); err != nil {
 		t.Fatalf("operator: delete the group's bucket: %v", err)
 	}
 	second, err := natssem.Init(ctx, connect(t, srv.Addr().String()), key, 1, in, natssem.WithLease(newLease))
@@ -393,10 +393,10 @@ func TestSeamFencesNeverGoBack(t *testing.T) {
 					t.Fatal(err)
 				}
 				group := strings.TrimPrefix(s.Name(), "k-")
-				if err := js.DeleteStream(ctx, natssem.GroupStreamName(group)); err != nil {
+				if err := js.DeleteStream(ctx, natssem.ResourcesOf("", group).Stream); err != nil {
 					t.Fatalf("operator: delete the group's stream: %v", err)
 				}
-				if err := js.DeleteKeyValue(ctx, natssem.GroupBucketName(group)); err != nil {
+				if err := js.DeleteKeyValue(ctx, natssem.ResourcesOf("", group).Bucket); err != nil {
 					t.Fatalf("operator: delete the group's bucket: %v", err)
 				}
 				return nil
@@ -580,7 +580,7 @@ func TestSeamFrozenDeleteKeepsItsHands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, natssem.BucketName(name))
+	kv, err := js.KeyValue(ctx, natssem.ResourcesOf(name, "").Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,13 +23,13 @@ func TestStatusWarnsOfEditedConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := js.Consumer(ctx, natssem.StreamName("edited"), "holders")
+	c, err := js.Consumer(ctx, natssem.ResourcesOf("edited", "").Stream, "holders")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := c.CachedInfo().Config
 	cfg.AckWait = 9 * time.Second
-	if _, err := js.UpdateConsumer(ctx, natssem.StreamName("edited"), cfg); err != nil {
+	if _, err := js.UpdateConsumer(ctx, natssem.ResourcesOf("edited", "").Stream, cfg); err != nil {
 		t.Fatal(err)
 	}
 	st, err := s.Status(ctx)

@@ -22,11 +22,7 @@ var (
 // limit (WithMaxWaiters) like k callers.
 //
 // If ctx ends, AcquireN returns ctx.Err() itself once it has handed back
-// what it had gathered and the gate (see tokensem.Weighted). Three runs of
-// 300 calls with a 250 ms deadline on a semaphore whose permits were all
-// held, on two cores kept busy by two CPU hogs, returned p50 2 ms, p99 at
-// most 51 ms and at most 297 ms after the deadline (Acquire: p50 1 ms, p99
-// at most 144 ms, at most 188 ms).
+// what it had gathered and the gate (see tokensem.Weighted).
 //
 // Errors: those of Acquire, tokensem.ErrInvalidPermits (k < 1) and
 // tokensem.ErrWeightExceedsPermits (k above the permits).

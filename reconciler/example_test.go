@@ -33,7 +33,7 @@ func ExampleRun() {
 		return
 	}
 	defer sem.Close()
-	_, _ = nc.Request(natssem.Subject("orders"), []byte("not a token"), time.Second) // JetStream acks it
+	_, _ = nc.Request(natssem.ResourcesOf("orders", "").Subject, []byte("not a token"), time.Second) // JetStream acks it
 
 	report, err := reconciler.Run(ctx, sem.Inventory(), false)
 	fmt.Println("report only:", report.Invalid, "invalid, healthy:", report.Healthy, err)

@@ -88,7 +88,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 		inventory: func() driver.Inventory { return s.Inventory() },
 		publish: func(t testing.TB, b []byte) {
 			t.Helper()
-			if _, err := js.Publish(bounded(t), natssem.Subject(name), b); err != nil {
+			if _, err := js.Publish(bounded(t), natssem.ResourcesOf(name, "").Subject, b); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -101,7 +101,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 			for _, e := range c.Entries {
 				if e.Valid && e.Token.Index == index {
 					seq, _ := strconv.ParseUint(e.Ref, 10, 64)
-					stream, err := js.Stream(bounded(t), natssem.StreamName(name))
+					stream, err := js.Stream(bounded(t), natssem.ResourcesOf(name, "").Stream)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -159,7 +159,7 @@ func TestReconcileMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sem.Close()
-	if err := nc.Publish(natssem.Subject(name), []byte("junk")); err != nil {
+	if err := nc.Publish(natssem.ResourcesOf(name, "").Subject, []byte("junk")); err != nil {
 		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {

@@ -179,9 +179,9 @@ func (g raftGroup) String() string {
 // token stream, its KV bucket's stream and its holders' consumer.
 func semaphoreGroups(name string) []raftGroup {
 	return []raftGroup{
-		{stream: natssem.StreamName(name)},
-		{stream: "KV_" + natssem.BucketName(name)},
-		{stream: natssem.StreamName(name), consumer: "holders"},
+		{stream: natssem.ResourcesOf(name, "").Stream},
+		{stream: "KV_" + natssem.ResourcesOf(name, "").Bucket},
+		{stream: natssem.ResourcesOf(name, "").Stream, consumer: "holders"},
 	}
 }
 
@@ -312,7 +312,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	}
 	victim := (client + 1) % len(c.nodes)
 	c.kill(victim)
-	if l := c.streamLeader(natssem.StreamName(name), 5*time.Second); l != client {
+	if l := c.streamLeader(natssem.ResourcesOf(name, "").Stream, 5*time.Second); l != client {
 		t.Fatalf("token stream led by %s after %s was killed, want %s", c.nodes[l].name, c.nodes[victim].name, c.nodes[client].name)
 	}
 

@@ -185,7 +185,7 @@ func TestNodeLossNATSLeader(t *testing.T) {
 	s := nodeLoss{permits: 3, perNode: 6, hold: 2 * time.Second, lease: 2 * time.Second,
 		killAfter: 3 * time.Second, downFor: 10 * time.Second,
 		victim: func(c *seminitCluster, name string) int {
-			leader := c.streamLeader(natssem.StreamName(name), 10*time.Second)
+			leader := c.streamLeader(natssem.ResourcesOf(name, "").Stream, 10*time.Second)
 			for _, g := range semaphoreGroups(name) {
 				c.moveLeader(g, leader, 10*time.Second)
 			}

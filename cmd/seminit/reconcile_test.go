@@ -39,7 +39,7 @@ func TestReconcile(t *testing.T) {
 	epoch, _ := raw["epoch"].(float64)                                                         // below 2^53: exact as a float64
 	copied := fmt.Sprintf("t1.%s.0.%d.0123456789abcdef0123456789abcdef.", name, uint64(epoch)) // a copy of slot 0
 	for _, data := range []string{"junk", copied} {
-		if _, err := js.Publish(t.Context(), natssem.Subject(name), []byte(data)); err != nil {
+		if _, err := js.Publish(t.Context(), natssem.ResourcesOf(name, "").Subject, []byte(data)); err != nil {
 			t.Fatal(err)
 		}
 	}

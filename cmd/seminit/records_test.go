@@ -109,7 +109,7 @@ func (b broker) replaceConfig(t *testing.T, name string, data []byte) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		kv, err := js.KeyValue(ctx, natssem.BucketName(name))
+		kv, err := js.KeyValue(ctx, natssem.ResourcesOf(name, "").Bucket)
 		if err == nil {
 			_, err = kv.Put(ctx, "config", data)
 		}

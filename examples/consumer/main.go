@@ -20,7 +20,7 @@ import (
 )
 
 // Names of the demo's resources. The semaphore keeps its tokens in a stream
-// of its own (natssem.StreamName(semName)); the jobs live in jobStream.
+// of its own (natssem.ResourcesOf(semName, "").Stream); the jobs live in jobStream.
 const (
 	semName     = "consumer-demo"
 	jobStream   = "DEMO_JOBS"
@@ -133,7 +133,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	fmt.Fprintf(out, "%s; semaphore %q: %d permits (tokens in stream %s)\n", where, semName, cfg.permits, natssem.StreamName(semName))
+	fmt.Fprintf(out, "%s; semaphore %q: %d permits (tokens in stream %s)\n", where, semName, cfg.permits, natssem.ResourcesOf(semName, "").Stream)
 	fmt.Fprintf(out, "job stream %s: %d jobs; %d workers, each: acquire a permit, then fetch 1 job, process %v, ack, release\n\n",
 		jobStream, cfg.jobs, cfg.workers, cfg.work)
 

@@ -24,7 +24,7 @@ import (
 
 // lateBound bounds how late after its context's deadline a call returns,
 // as the suite asserts it: loosely, so that a loaded machine does not make
-// it flake. The backends' AcquireN docs give what was measured (tens of
+// it flake. docs/guarantees.md gives what was measured (tens of
 // milliseconds).
 const lateBound = 2 * time.Second
 
