@@ -35,7 +35,7 @@ var _ reconciler.Inventory = (*Inventory)(nil)
 // classify), and removed.
 //
 // The run's work happens on the connection that holds the lock (see
-// Semaphore.lockQueue): once that connection is lost, Census, Remove and
+// Semaphore.takeLock): once that connection is lost, Census, Remove and
 // Issue fail.
 type Inventory struct {
 	s *Semaphore

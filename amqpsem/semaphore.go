@@ -263,12 +263,6 @@ func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, s.opts.RequestTimeout)
 }
 
-// lock takes the semaphore's creation lock (see lockQueue): the locked
-// work runs with the returned context.
-func (s *Semaphore) lock(ctx context.Context) (context.Context, func(), error) {
-	return s.lockQueue(ctx, lockQueue(s.name), "another Init, reconcile or delete of "+s.name)
-}
-
 // Name returns the semaphore's name.
 func (s *Semaphore) Name() string { return s.name }
 
