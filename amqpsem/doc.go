@@ -73,7 +73,7 @@
 //   - a token that was delivered before and finds its slot's claim queue
 //     gone claims the slot only through a quarantine: the queue is made
 //     exclusive to one connection and held for that long, then made again
-//     as every holder uses it (see claims.go; a quarantine cut short takes
+//     as every holder uses it (see claim.go; a quarantine cut short takes
 //     the queue with it, so the next claimer starts one over). TryAcquire
 //     starts the quarantine and leaves that token for later;
 //   - a repair (reconcile --repair, or a waiter's orphan repair, see
@@ -167,7 +167,7 @@
 //
 // AMQP cannot list queues, so Init registers every semaphore it creates in
 // a registry queue, through the registry's exchange, and List reads it
-// (see registry.go for how it stays right under concurrent Init, List and
+// (see list.go for how it stays right under concurrent Init, List and
 // Delete). List sets the registry up; an admin of one semaphore may only
 // publish to its exchange. Delete removes the semaphore's entries if it
 // may, waiting at most the request timeout for the registry's lock, and

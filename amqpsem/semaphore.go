@@ -273,7 +273,7 @@ func (s *Semaphore) config() config { return s.cfg.Get() }
 
 // Close makes later calls return tokensem.ErrClosed, wakes callers
 // blocked in Acquire (they return ErrClosed) and stops a running orphan
-// check (see WithOrphanRepair) or quarantine (see claims.go), waiting for
+// check (see WithOrphanRepair) or quarantine (see claim.go), waiting for
 // them. Held permits stay valid until released or lost. The Conn belongs
 // to the caller and stays open.
 func (s *Semaphore) Close() error {
