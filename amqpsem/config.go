@@ -43,7 +43,7 @@ import (
 type config struct {
 	Version   int    `json:"v"`
 	Seq       int    `json:"seq"`
-	State     string `json:"state,omitempty"` // stateCreating, stateReady or stateDeleting ("": ready, from the classic layout)
+	State     string `json:"state,omitempty"` // stateCreating, stateReady or stateDeleting
 	Permits   int    `json:"permits"`
 	Epoch     uint64 `json:"epoch"` // the life's identity: random, below 2^53, new at every Init that creates
 	KeyCheck  string `json:"key_check,omitempty"`
@@ -88,7 +88,7 @@ const (
 	stateDeleting = "deleting"
 )
 
-func (c config) ready() bool { return c.State == stateReady || c.State == "" }
+func (c config) ready() bool { return c.State == stateReady }
 
 // holdBound returns W (see HoldBoundMS): the stored bound, or for a
 // configuration made before it was stored, the bound of a Conn with
@@ -227,7 +227,7 @@ func (c config) check() error {
 		return stored.Invalid("version %d (this client reads %d)", c.Version, configVersion)
 	case c.Seq < 0:
 		return stored.Invalid("sequence %d", c.Seq)
-	case c.State != "" && c.State != stateCreating && c.State != stateReady && c.State != stateDeleting:
+	case c.State != stateCreating && c.State != stateReady && c.State != stateDeleting:
 		return stored.Invalid("state %s", stored.Clip([]byte(c.State)))
 	case c.Permits <= 0 || c.Permits > tokensem.MaxPermits:
 		return stored.Invalid("permits %d outside 1..%d", c.Permits, tokensem.MaxPermits)
@@ -301,19 +301,10 @@ const maxConfigQueueBytes = 2*maxConfigSize + 64<<10
 // by an amqpsem before the cap (see declareConfigQueue).
 func uncappedConfigQueueArgs(version string) amqp.Table { return tokenQueueArgs(Quorum, version) }
 
-// errLegacyLayout marks a semaphore made by an amqpsem that kept its
-// configuration in the classic queue tokensem.NAME.config (see migrate).
-var errLegacyLayout = errors.New("amqpsem: configuration in the classic queue of an older amqpsem")
-
 // readConfig reads the configuration of a ready semaphore: one still being
 // created, being deleted, or absent, is tokensem.ErrNotInitialized.
 func (s *Semaphore) readConfig(ctx context.Context) (config, error) {
 	cfg, err := s.loadConfig(ctx)
-	if errors.Is(err, errLegacyLayout) {
-		if cfg, err = s.migrate(ctx); err != nil {
-			return config{}, err
-		}
-	}
 	switch {
 	case err == nil && cfg.State == stateDeleting:
 		return config{}, fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, s.name)
@@ -330,7 +321,7 @@ func (s *Semaphore) configRetry() time.Duration { return 2 * s.opts.RequestTimeo
 // loadConfig reads the stored configuration, in whatever state. It is
 // tokensem.ErrNotInitialized when the semaphore does not exist (or its
 // creation died before anything but an empty configuration queue existed),
-// errLegacyLayout for the classic layout, ctx.Err() itself when ctx ends,
+// ctx.Err() itself when ctx ends,
 // and a broker error (wrapping tokensem.ErrUnavailable) when the message
 // cannot be read in time.
 func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
@@ -437,7 +428,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	}, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
-		return config{}, false, s.noConfigQueue(ctx)
+		return config{}, false, fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 	case err != nil:
 		return config{}, false, wrapBrokerErr("reading the configuration of "+s.name, err)
 	case ok && extra:
@@ -496,21 +487,6 @@ func (s *Semaphore) readyAfter(ch *channel) (bool, error) {
 		}
 		time.Sleep(configWait)
 	}
-}
-
-// noConfigQueue says why there is no configuration queue: no semaphore
-// (tokensem.ErrNotInitialized), the classic layout of an older amqpsem
-// (errLegacyLayout), or a classic configuration queue on a node that is
-// down (a broker error).
-func (s *Semaphore) noConfigQueue(ctx context.Context) error {
-	exists, err := s.queueExists(ctx, legacyConfigQueue(s.name))
-	switch {
-	case err != nil:
-		return err
-	case exists:
-		return errLegacyLayout
-	}
-	return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 }
 
 // queueExists reports whether queue q exists, by a passive declare. A

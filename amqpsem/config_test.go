@@ -102,69 +102,6 @@ func TestConfigExistsOnce(t *testing.T) {
 	}
 }
 
-// TestMigrateClassicLayout: a semaphore made by an older amqpsem keeps its
-// configuration as copies in a classic queue on one node. Open moves it to
-// the replicated configuration queue and the semaphore works; the classic
-// queue stays for older clients.
-func TestMigrateClassicLayout(t *testing.T) {
-	n := name(t)
-	ch := rawChannel(t)
-	if _, err := ch.QueueDeclare("tokensem."+n, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
-		t.Fatal(err)
-	}
-	codec := tokensem.NewCodec(nil)
-	for i := range 2 {
-		b, err := codec.Encode(tokensem.NewToken(n, i, 1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ch.Publish("", "tokensem."+n, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	legacy := "tokensem." + n + ".config"
-	if _, err := ch.QueueDeclare(legacy, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 3, "permits": 2, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1})
-	for range 8 {
-		if err := ch.Publish("", legacy, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: cfg}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = rawChannel(t).QueueDelete(legacy, false, false, false)
-	})
-
-	ctx := semtest.Context(t, time.Minute)
-	s, err := amqpsem.Open(ctx, dial(t, broker.Addr, 0), n)
-	if err != nil {
-		t.Fatalf("open a semaphore of the classic layout: %v", err)
-	}
-	defer s.Close()
-	if s.Permits() != 2 {
-		t.Fatalf("migrated permits = %d, want 2", s.Permits())
-	}
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := configMessages(t, n); got != 1 {
-		t.Fatalf("%d configuration messages after the migration, want 1", got)
-	}
-	q, err := rawChannel(t).QueueDeclarePassive(legacy, true, false, false, false, nil)
-	if err != nil || q.Messages != 8 {
-		t.Fatalf("classic configuration queue after the migration: %+v, %v; want it untouched (8 copies)", q, err)
-	}
-	// Init of the same semaphore sees it as it is.
-	if _, err := amqpsem.Init(ctx, dial(t, broker.Addr, 0), n, 2); err != nil {
-		t.Fatalf("init after the migration: %v", err)
-	}
-}
-
 // TestInitResumesDeadCreation: a creator died after writing the
 // configuration as "creating" and some tokens. Open refuses the semaphore;
 // the next Init starts the creation over and leaves exactly N tokens.

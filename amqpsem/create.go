@@ -148,7 +148,7 @@ func (s *Semaphore) creationHoldBound(ctx context.Context) (time.Duration, error
 	defer parent.Close()
 	cfg, err := parent.loadConfig(ctx)
 	switch {
-	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, errLegacyLayout):
+	case errors.Is(err, tokensem.ErrNotInitialized):
 		return bound, nil
 	case err != nil:
 		return 0, err

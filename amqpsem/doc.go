@@ -28,11 +28,6 @@
 // without retries, with an error wrapping tokensem.ErrPermissionDenied that
 // names the permission and the resource.
 //
-// Semaphores made by an older amqpsem, which kept the configuration as
-// copies in the classic queue tokensem.NAME.config, are moved to the quorum
-// queue by the first Open or Init (the classic queue is left for older
-// clients; delete it once none runs).
-//
 // # Protocol
 //
 // Acquire consumes the token queue on a channel of its own with prefetch 1

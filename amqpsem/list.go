@@ -268,9 +268,6 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 	info := tokensem.Info{Name: name, Backend: "amqp", State: "creating"}
 	cfg, err := sem.loadConfig(ctx)
 	switch {
-	case errors.Is(err, errLegacyLayout):
-		info.State = "legacy" // Open or Init moves it to the current layout
-		return info, nil
 	case errors.Is(err, tokensem.ErrInvalidRecord):
 		// Listed as such, not read: it fails that semaphore, not the list.
 		info.State, info.Warning = "invalid", err.Error()

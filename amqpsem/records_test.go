@@ -34,6 +34,7 @@ func TestInvalidConfigFields(t *testing.T) {
 		{"zero epoch", "epoch", 0, "epoch 0 outside"},
 		{"epoch past 2^53", "epoch", uint64(1) << 60, "epoch 1152921504606846976 outside"},
 		{"unknown state", "state", "weird", `state "weird"`},
+		{"no state", "state", "", `state ""`},
 		{"unknown queue type", "queue_type", "stream", `queue type "stream"`},
 		{"unknown version", "v", 9, "version 9"},
 		{"hold bound of years", "hold_bound_ms", int64(1) << 50, "hold bound 1125899906842624 ms outside"},

@@ -95,9 +95,6 @@ func (s *Semaphore) initLocked(ctx context.Context, permits int) (config, error)
 	}
 	defer unlock()
 	cfg, err := s.loadConfig(ctx)
-	if errors.Is(err, errLegacyLayout) {
-		cfg, err = s.migrateLocked(ctx)
-	}
 	switch {
 	case err == nil && cfg.State == stateDeleting:
 		// A delete that waited for stalled holders did not finish: finish
