@@ -297,10 +297,6 @@ func configQueueArgs(version string) amqp.Table {
 // configQueueArgs).
 const maxConfigQueueBytes = 2*maxConfigSize + 64<<10
 
-// uncappedConfigQueueArgs are the arguments of a configuration queue made
-// by an amqpsem before the cap (see declareConfigQueue).
-func uncappedConfigQueueArgs(version string) amqp.Table { return tokenQueueArgs(Quorum, version) }
-
 // readConfig reads the configuration of a ready semaphore: one still being
 // created, being deleted, or absent, is tokensem.ErrNotInitialized.
 func (s *Semaphore) readConfig(ctx context.Context) (config, error) {
@@ -570,29 +566,22 @@ func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string
 }
 
 // declareConfigQueue declares the configuration queue with the cap (see
-// configQueueArgs). Queue arguments are fixed when a queue is made, and a
-// declare with others fails (406): an empty configuration queue that an
-// amqpsem before the cap made (a creation that died after its first step)
-// is kept as it is, uncapped, as it would be by a declare without the cap.
+// configQueueArgs). Queue arguments are fixed when a queue is made: an
+// empty configuration queue made with others (by someone else) fails the
+// declare (406), and Delete removes it.
 func (s *Semaphore) declareConfigQueue(ctx context.Context, version string) error {
-	q := configQueue(s.name)
-	declare := func(args amqp.Table) error {
-		ch, _, err := s.c.channel(ctx)
-		if err != nil {
-			return err
-		}
-		defer ch.Close()
-		return s.c.rpc(ctx, ch, func() error {
-			_, err := ch.QueueDeclare(q, true, false, false, false, args)
-			return err
-		}, nil)
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
 	}
-	err := declare(configQueueArgs(version))
+	defer ch.Close()
+	q := configQueue(s.name)
+	err = s.c.rpc(ctx, ch, func() error {
+		_, err := ch.QueueDeclare(q, true, false, false, false, configQueueArgs(version))
+		return err
+	}, nil)
 	if isCode(err, amqp.PreconditionFailed) {
-		if err := declare(uncappedConfigQueueArgs(version)); err == nil {
-			s.log.Warn("the configuration queue was made without the size cap of this amqpsem; it is used as it is", "queue", q)
-			return nil
-		}
+		return fmt.Errorf("queue %s exists with other settings (Delete removes it): %w", q, err)
 	}
 	return err
 }

@@ -193,8 +193,8 @@
 //     bases below 2^63; and each reissued slot below tokensem.MaxPermits,
 //     with a 32-hex token id and a base above 0. A bad one fails that
 //     semaphore alone, at the cost of receiving it once (the configuration
-//     queue keeps no message above 2 MiB and 64 KiB: see configQueueArgs;
-//     one made by an older amqpsem has no cap): Open, Init, Status,
+//     queue keeps no message above 2 MiB and 64 KiB, see configQueueArgs):
+//     Open, Init, Status,
 //     Acquire, Resize and Delete return an error wrapping
 //     tokensem.ErrInvalidRecord that names ForceDelete; List lists it with
 //     State "invalid" and the reason in Info.Warning. Init refuses rather
