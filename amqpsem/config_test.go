@@ -144,3 +144,26 @@ func TestInitResumesDeadCreation(t *testing.T) {
 		t.Fatalf("%d configuration messages, want 1", got)
 	}
 }
+
+// TestDeletedExchangeMadeAgain: every write declares and binds the
+// semaphore's exchange again (see bind), so one an operator deleted, with
+// its bindings, comes back with the next write: a resize from 1 to 2
+// writes the configuration and issues the new token through it.
+func TestDeletedExchangeMadeAgain(t *testing.T) {
+	n := name(t)
+	s := initAMQP(t, n, 1)
+	if err := rawChannel(t).ExchangeDelete("tokensem."+n+".x", false, false); err != nil {
+		t.Fatal(err)
+	}
+	ctx := semtest.Context(t, time.Minute)
+	if _, err := s.Resize(ctx, 2); err != nil {
+		t.Fatalf("resize with the exchange deleted: %v", err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil || !st.Healthy || st.Permits != 2 || st.Tokens != 2 {
+		t.Fatalf("status after the resize: %+v, %v; want 2 permits, 2 tokens, healthy", st, err)
+	}
+	if err := rawChannel(t).ExchangeDeclarePassive("tokensem."+n+".x", amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		t.Fatalf("the exchange after the resize: %v", err)
+	}
+}

@@ -16,8 +16,8 @@
 //     tokensem.NAME.lock while an Init, a resize, a reconcile or a delete
 //     runs;
 //   - the direct exchange tokensem.NAME.x, bound to the token and
-//     configuration queues, through which every publish goes (a semaphore
-//     made before it existed gets it at its first write).
+//     configuration queues, through which every publish goes (each write
+//     declares and binds it again, so one deleted comes back).
 //
 // Names cannot contain '.', so one regular expression per semaphore covers
 // its resources and no other's: an admin of one semaphore needs no right on

@@ -44,12 +44,11 @@ import (
 //     the queues; a Delete that dies in between leaves entries List removes
 //     later.
 //
-// Semaphores made by a version before the registry are not listed. The
-// age of an entry is read from its publisher's clock: clients whose clocks
-// are more than staleEntry apart could drop the entry of an Init still in
-// progress. A reader reads at least as many entries as the queue counts
-// ready, and puts the others back before it lets the lock go, waiting
-// (up to registryReadMax) until the queue counts them again.
+// The age of an entry is read from its publisher's clock: clients whose
+// clocks are more than staleEntry apart could drop the entry of an Init
+// still in progress. A reader reads at least as many entries as the queue
+// counts ready, and puts the others back before it lets the lock go,
+// waiting (up to registryReadMax) until the queue counts them again.
 
 // Registry queue names. A semaphore name cannot be empty, so these never
 // collide with a semaphore's queues (tokensem.NAME...).
@@ -67,8 +66,8 @@ type registryEntry struct {
 // register adds an entry for the semaphore to the registry, through the
 // registry's exchange: a user allowed to register (write on that exchange)
 // may not read, empty or lock the registry (see List). A registry that is
-// not set up yet (or was made before it had an exchange) is set up first,
-// if the user may (see setupRegistry).
+// not set up yet (or lost its exchange or binding) is set up first, if the
+// user may (see setupRegistry).
 func (s *Semaphore) register(ctx context.Context) error {
 	if weighted.IsGate(s.name) {
 		return nil // found through its semaphore, never listed
@@ -160,10 +159,9 @@ func (s *Semaphore) setupRegistry(ctx context.Context) error {
 }
 
 // List returns the semaphores in the registry of the broker c is
-// connected to, sorted by name (see the package doc: semaphores made by an
-// amqpsem before the registry are not listed). A semaphore whose creation
-// has not finished is listed as "creating", one whose configuration is
-// invalid as "invalid", with the reason in Warning (see
+// connected to, sorted by name (see the package doc). A semaphore whose
+// creation has not finished is listed as "creating", one whose
+// configuration is invalid as "invalid", with the reason in Warning (see
 // tokensem.ErrInvalidRecord), and one whose configuration could not be
 // read in time, or whose read failed at the broker, as "unreadable", with
 // the error in Warning.
