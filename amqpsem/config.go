@@ -53,16 +53,15 @@ type config struct {
 	// connection stopped working may still believe it holds (its Conn's
 	// watchdog bound, see Conn.holdBound). Init stores its own Conn's;
 	// Open refuses a Conn whose bound is longer, and a repair or a delete
-	// waits on it (holdWait). 0: made before the bound was stored, see
-	// holdBound.
+	// waits on it (holdWait).
 	HoldBoundMS int64 `json:"hold_bound_ms,omitempty"`
 	// FenceBase is the fence base of the tokens Init made: the creating
 	// client's clock at Init, in microseconds (see fenceBase).
 	FenceBase uint64 `json:"fence_base,omitempty"`
 	// Issued is how many slots, from 0, have had a token in this life; a
 	// token for a slot at or above it (a grown semaphore's) is issued at
-	// once. 0: unknown (made before it was stored), every slot counts as
-	// issued.
+	// once. 0 (a ForceDelete's configuration that found no slot): every
+	// slot counts as issued.
 	Issued int `json:"issued,omitempty"`
 	// Reissued names, for each slot a repair issued a token for, the one
 	// current token: its ID and fence base. Every other token of the slot
@@ -90,15 +89,8 @@ const (
 
 func (c config) ready() bool { return c.State == stateReady }
 
-// holdBound returns W (see HoldBoundMS): the stored bound, or for a
-// configuration made before it was stored, the bound of a Conn with
-// DefaultHeartbeat.
-func (c config) holdBound() time.Duration {
-	if c.HoldBoundMS > 0 {
-		return time.Duration(c.HoldBoundMS) * time.Millisecond
-	}
-	return holdBoundOf(DefaultHeartbeat)
-}
+// holdBound returns W (see HoldBoundMS).
+func (c config) holdBound() time.Duration { return time.Duration(c.HoldBoundMS) * time.Millisecond }
 
 // holdWait is how long a repair holds a slot's claim, and a delete waits,
 // before they may let a new holder have the slot: W plus a third of it,
@@ -235,8 +227,8 @@ func (c config) check() error {
 		return stored.Invalid("epoch %d outside 1..2^53-1", c.Epoch)
 	case c.QueueType != "" && c.QueueType != Quorum && c.QueueType != Classic:
 		return stored.Invalid("queue type %s", stored.Clip([]byte(c.QueueType)))
-	case c.HoldBoundMS < 0 || c.HoldBoundMS > maxHoldBound.Milliseconds():
-		return stored.Invalid("hold bound %d ms outside 0..%d", c.HoldBoundMS, maxHoldBound.Milliseconds())
+	case c.HoldBoundMS <= 0 || c.HoldBoundMS > maxHoldBound.Milliseconds():
+		return stored.Invalid("hold bound %d ms outside 1..%d", c.HoldBoundMS, maxHoldBound.Milliseconds())
 	case c.FenceBase >= maxBase:
 		return stored.Invalid("fence base %d, not below 2^63", c.FenceBase)
 	case c.Issued < 0 || c.Issued > tokensem.MaxPermits:

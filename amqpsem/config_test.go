@@ -112,7 +112,8 @@ func TestInitResumesDeadCreation(t *testing.T) {
 	if _, err := ch.QueueDeclare(cfgQ, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 1, "state": "creating", "permits": 5, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1})
+	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 1, "state": "creating", "permits": 5, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1,
+		"hold_bound_ms": 7500})
 	if err := ch.Publish("", cfgQ, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: cfg}); err != nil {
 		t.Fatal(err)
 	}

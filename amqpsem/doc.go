@@ -262,8 +262,5 @@
 // 2-core machine), so an Init of thousands of permits takes seconds. A
 // repair, a delete with permits held, and the first claim of each slot
 // after its claim queue's node restarted, take W and a third (10 s with
-// DefaultHeartbeat). A semaphore made before W was stored uses
-// DefaultHeartbeat's; its slots' claim queues were made on first use, so
-// the first claim of a slot never used since is quarantined too when its
-// token was delivered before (a Status, a cancelled wait).
+// DefaultHeartbeat).
 package amqpsem

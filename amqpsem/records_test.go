@@ -38,6 +38,7 @@ func TestInvalidConfigFields(t *testing.T) {
 		{"unknown queue type", "queue_type", "stream", `queue type "stream"`},
 		{"unknown version", "v", 9, "version 9"},
 		{"hold bound of years", "hold_bound_ms", int64(1) << 50, "hold bound 1125899906842624 ms outside"},
+		{"no hold bound", "hold_bound_ms", 0, "hold bound 0 ms outside"},
 		{"issued past the maximum", "issued", 2_000_000_000, "issued 2000000000 outside"},
 		{"fence base past 2^63", "fence_base", uint64(1) << 63, "fence base 9223372036854775808"},
 		{"reissued slot past the maximum", "reissued", map[string]any{"2000000": map[string]any{"id": id, "base": 1}}, "reissued slot 2000000 outside"},
