@@ -103,11 +103,9 @@ type Info struct {
 	Permits int           `json:"permits"`            // configured N
 	Lease   time.Duration `json:"lease_ns,omitempty"` // holders' lease (NATS)
 	// State is "ready", or "creating" for a semaphore whose Init has not
-	// finished (or died half-way; the next Init starts it over), or on
-	// RabbitMQ "legacy" for one in an older amqpsem's layout (its first
-	// Open or Init moves it to the current one), or "deleting", or
-	// "invalid" for one whose configuration cannot be read (see
-	// ErrInvalidRecord; Permits and Lease are then 0, and ForceDelete
+	// finished (or died half-way; the next Init starts it over), or
+	// "deleting", or "invalid" for one whose configuration cannot be read
+	// (see ErrInvalidRecord; Permits and Lease are then 0, and ForceDelete
 	// removes it), or on RabbitMQ "unreadable" for one whose configuration
 	// a broker error or a timeout kept from being read (Permits 0).
 	State string `json:"state"`

@@ -304,7 +304,7 @@ func (s *Semaphore) readClaims(ctx context.Context, slots []int) ([]int, error) 
 			}
 		case isCode(err, amqp.ResourceLocked):
 			// Its claim queue is quarantined by another connection (see
-			// claims.go): a claimer waits for the slot.
+			// claim.go): a claimer waits for the slot.
 			held = append(held, i)
 		case isCode(err, amqp.NotFound): // its claim queue went away
 		default:

@@ -116,35 +116,61 @@ func TestOversizedConfigNotKept(t *testing.T) {
 	}
 }
 
-// declareUncapped makes semaphore n's configuration queue as an amqpsem
-// before the cap did (a quorum queue, with the delivery limit off on 4.x).
+// declareUncapped makes semaphore n's configuration queue without the cap
+// (a quorum queue, with the delivery limit off on 4.x), as a user allowed
+// to configure it could, and binds it to the semaphore's exchange.
 func declareUncapped(t *testing.T, n string) {
 	t.Helper()
 	args := amqp.Table{"x-queue-type": "quorum"}
 	if strings.HasPrefix(dialServerVersion(t), "4.") {
 		args["x-delivery-limit"] = int64(-1)
 	}
-	if _, err := rawChannel(t).QueueDeclare("tokensem."+n+".cfg", true, false, false, false, args); err != nil {
+	ch := rawChannel(t)
+	q := "tokensem." + n + ".cfg"
+	if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare("tokensem."+n+".x", amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q, q, "tokensem."+n+".x", false, nil); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestUncappedConfigQueue: a configuration queue an amqpsem before the
-// cap made, empty (a creation that died after its first step), does not
-// make Init fail on the queue's other arguments (406); and a 20 MB message
-// in it, where the cap does not protect, is received once by a read (which
-// refuses it), not again at every retry.
-func TestUncappedConfigQueue(t *testing.T) {
+// TestForeignConfigQueueRefused: an empty configuration queue made without
+// the cap (by someone else: amqpsem makes one layout) fails Init with an
+// error that names the queue and Delete, and Delete removes it.
+func TestForeignConfigQueueRefused(t *testing.T) {
 	n := name(t)
 	declareUncapped(t, n)
-	s := initAMQP(t, n, 2)
-	if st, err := s.Status(t.Context()); err != nil || !st.Healthy {
-		t.Fatalf("status of a semaphore made over an uncapped configuration queue: %+v, %v", st, err)
+	c := dial(t, broker.Addr, 0)
+	t.Cleanup(func() { _ = amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, n) })
+	ctx := semtest.Context(t, time.Minute)
+	_, err := amqpsem.Init(ctx, c, n, 2)
+	if err == nil || !strings.Contains(err.Error(), "tokensem."+n+".cfg exists with other settings (Delete removes it)") {
+		t.Fatalf("init over an uncapped configuration queue: %v, want it refused, naming the queue and Delete", err)
 	}
+	if err := amqpsem.Delete(ctx, c, n); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	s := initAMQP(t, n, 2)
+	if st, err := s.Status(ctx); err != nil || !st.Healthy || st.Permits != 2 {
+		t.Fatalf("status after the delete and a new Init: %+v, %v", st, err)
+	}
+}
 
-	if _, err := rawChannel(t).QueuePurge("tokensem."+n+".cfg", false); err != nil {
+// TestUncappedConfigQueue: a 20 MB message in a configuration queue made
+// again without the cap (by a user allowed to configure it), where the cap
+// does not protect, is received once by a read (which refuses it), not
+// again at every retry.
+func TestUncappedConfigQueue(t *testing.T) {
+	n := name(t)
+	initAMQP(t, n, 2)
+	if _, err := rawChannel(t).QueueDelete("tokensem."+n+".cfg", false, false, false); err != nil {
 		t.Fatal(err)
 	}
+	declareUncapped(t, n)
 	const size = 20 << 20
 	if !publishConfig(t, n, bytes.Repeat([]byte("x"), size)) {
 		t.Fatal("20 MB publish into an uncapped queue refused")

@@ -43,7 +43,7 @@ import (
 type config struct {
 	Version   int    `json:"v"`
 	Seq       int    `json:"seq"`
-	State     string `json:"state,omitempty"` // stateCreating, stateReady or stateDeleting ("": ready, from the classic layout)
+	State     string `json:"state,omitempty"` // stateCreating, stateReady or stateDeleting
 	Permits   int    `json:"permits"`
 	Epoch     uint64 `json:"epoch"` // the life's identity: random, below 2^53, new at every Init that creates
 	KeyCheck  string `json:"key_check,omitempty"`
@@ -53,16 +53,15 @@ type config struct {
 	// connection stopped working may still believe it holds (its Conn's
 	// watchdog bound, see Conn.holdBound). Init stores its own Conn's;
 	// Open refuses a Conn whose bound is longer, and a repair or a delete
-	// waits on it (holdWait). 0: made before the bound was stored, see
-	// holdBound.
+	// waits on it (holdWait).
 	HoldBoundMS int64 `json:"hold_bound_ms,omitempty"`
 	// FenceBase is the fence base of the tokens Init made: the creating
 	// client's clock at Init, in microseconds (see fenceBase).
 	FenceBase uint64 `json:"fence_base,omitempty"`
 	// Issued is how many slots, from 0, have had a token in this life; a
 	// token for a slot at or above it (a grown semaphore's) is issued at
-	// once. 0: unknown (made before it was stored), every slot counts as
-	// issued.
+	// once. 0 (a ForceDelete's configuration that found no slot): every
+	// slot counts as issued.
 	Issued int `json:"issued,omitempty"`
 	// Reissued names, for each slot a repair issued a token for, the one
 	// current token: its ID and fence base. Every other token of the slot
@@ -88,17 +87,10 @@ const (
 	stateDeleting = "deleting"
 )
 
-func (c config) ready() bool { return c.State == stateReady || c.State == "" }
+func (c config) ready() bool { return c.State == stateReady }
 
-// holdBound returns W (see HoldBoundMS): the stored bound, or for a
-// configuration made before it was stored, the bound of a Conn with
-// DefaultHeartbeat.
-func (c config) holdBound() time.Duration {
-	if c.HoldBoundMS > 0 {
-		return time.Duration(c.HoldBoundMS) * time.Millisecond
-	}
-	return holdBoundOf(DefaultHeartbeat)
-}
+// holdBound returns W (see HoldBoundMS).
+func (c config) holdBound() time.Duration { return time.Duration(c.HoldBoundMS) * time.Millisecond }
 
 // holdWait is how long a repair holds a slot's claim, and a delete waits,
 // before they may let a new holder have the slot: W plus a third of it,
@@ -227,7 +219,7 @@ func (c config) check() error {
 		return stored.Invalid("version %d (this client reads %d)", c.Version, configVersion)
 	case c.Seq < 0:
 		return stored.Invalid("sequence %d", c.Seq)
-	case c.State != "" && c.State != stateCreating && c.State != stateReady && c.State != stateDeleting:
+	case c.State != stateCreating && c.State != stateReady && c.State != stateDeleting:
 		return stored.Invalid("state %s", stored.Clip([]byte(c.State)))
 	case c.Permits <= 0 || c.Permits > tokensem.MaxPermits:
 		return stored.Invalid("permits %d outside 1..%d", c.Permits, tokensem.MaxPermits)
@@ -235,8 +227,8 @@ func (c config) check() error {
 		return stored.Invalid("epoch %d outside 1..2^53-1", c.Epoch)
 	case c.QueueType != "" && c.QueueType != Quorum && c.QueueType != Classic:
 		return stored.Invalid("queue type %s", stored.Clip([]byte(c.QueueType)))
-	case c.HoldBoundMS < 0 || c.HoldBoundMS > maxHoldBound.Milliseconds():
-		return stored.Invalid("hold bound %d ms outside 0..%d", c.HoldBoundMS, maxHoldBound.Milliseconds())
+	case c.HoldBoundMS <= 0 || c.HoldBoundMS > maxHoldBound.Milliseconds():
+		return stored.Invalid("hold bound %d ms outside 1..%d", c.HoldBoundMS, maxHoldBound.Milliseconds())
 	case c.FenceBase >= maxBase:
 		return stored.Invalid("fence base %d, not below 2^63", c.FenceBase)
 	case c.Issued < 0 || c.Issued > tokensem.MaxPermits:
@@ -297,23 +289,10 @@ func configQueueArgs(version string) amqp.Table {
 // configQueueArgs).
 const maxConfigQueueBytes = 2*maxConfigSize + 64<<10
 
-// uncappedConfigQueueArgs are the arguments of a configuration queue made
-// by an amqpsem before the cap (see declareConfigQueue).
-func uncappedConfigQueueArgs(version string) amqp.Table { return tokenQueueArgs(Quorum, version) }
-
-// errLegacyLayout marks a semaphore made by an amqpsem that kept its
-// configuration in the classic queue tokensem.NAME.config (see migrate).
-var errLegacyLayout = errors.New("amqpsem: configuration in the classic queue of an older amqpsem")
-
 // readConfig reads the configuration of a ready semaphore: one still being
 // created, being deleted, or absent, is tokensem.ErrNotInitialized.
 func (s *Semaphore) readConfig(ctx context.Context) (config, error) {
 	cfg, err := s.loadConfig(ctx)
-	if errors.Is(err, errLegacyLayout) {
-		if cfg, err = s.migrate(ctx); err != nil {
-			return config{}, err
-		}
-	}
 	switch {
 	case err == nil && cfg.State == stateDeleting:
 		return config{}, fmt.Errorf("%w: %s is being deleted", tokensem.ErrNotInitialized, s.name)
@@ -330,7 +309,7 @@ func (s *Semaphore) configRetry() time.Duration { return 2 * s.opts.RequestTimeo
 // loadConfig reads the stored configuration, in whatever state. It is
 // tokensem.ErrNotInitialized when the semaphore does not exist (or its
 // creation died before anything but an empty configuration queue existed),
-// errLegacyLayout for the classic layout, ctx.Err() itself when ctx ends,
+// ctx.Err() itself when ctx ends,
 // and a broker error (wrapping tokensem.ErrUnavailable) when the message
 // cannot be read in time.
 func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
@@ -437,7 +416,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	}, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
-		return config{}, false, s.noConfigQueue(ctx)
+		return config{}, false, fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 	case err != nil:
 		return config{}, false, wrapBrokerErr("reading the configuration of "+s.name, err)
 	case ok && extra:
@@ -496,21 +475,6 @@ func (s *Semaphore) readyAfter(ch *channel) (bool, error) {
 		}
 		time.Sleep(configWait)
 	}
-}
-
-// noConfigQueue says why there is no configuration queue: no semaphore
-// (tokensem.ErrNotInitialized), the classic layout of an older amqpsem
-// (errLegacyLayout), or a classic configuration queue on a node that is
-// down (a broker error).
-func (s *Semaphore) noConfigQueue(ctx context.Context) error {
-	exists, err := s.queueExists(ctx, legacyConfigQueue(s.name))
-	switch {
-	case err != nil:
-		return err
-	case exists:
-		return errLegacyLayout
-	}
-	return fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 }
 
 // queueExists reports whether queue q exists, by a passive declare. A
@@ -594,29 +558,22 @@ func (s *Semaphore) createConfig(ctx context.Context, cfg config, version string
 }
 
 // declareConfigQueue declares the configuration queue with the cap (see
-// configQueueArgs). Queue arguments are fixed when a queue is made, and a
-// declare with others fails (406): an empty configuration queue that an
-// amqpsem before the cap made (a creation that died after its first step)
-// is kept as it is, uncapped, as it would be by a declare without the cap.
+// configQueueArgs). Queue arguments are fixed when a queue is made: an
+// empty configuration queue made with others (by someone else) fails the
+// declare (406), and Delete removes it.
 func (s *Semaphore) declareConfigQueue(ctx context.Context, version string) error {
-	q := configQueue(s.name)
-	declare := func(args amqp.Table) error {
-		ch, _, err := s.c.channel(ctx)
-		if err != nil {
-			return err
-		}
-		defer ch.Close()
-		return s.c.rpc(ctx, ch, func() error {
-			_, err := ch.QueueDeclare(q, true, false, false, false, args)
-			return err
-		}, nil)
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
 	}
-	err := declare(configQueueArgs(version))
+	defer ch.Close()
+	q := configQueue(s.name)
+	err = s.c.rpc(ctx, ch, func() error {
+		_, err := ch.QueueDeclare(q, true, false, false, false, configQueueArgs(version))
+		return err
+	}, nil)
 	if isCode(err, amqp.PreconditionFailed) {
-		if err := declare(uncappedConfigQueueArgs(version)); err == nil {
-			s.log.Warn("the configuration queue was made without the size cap of this amqpsem; it is used as it is", "queue", q)
-			return nil
-		}
+		return fmt.Errorf("queue %s exists with other settings (Delete removes it): %w", q, err)
 	}
 	return err
 }

@@ -103,69 +103,6 @@ func TestConfigExistsOnce(t *testing.T) {
 	}
 }
 
-// TestMigrateClassicLayout: a semaphore made by an older amqpsem keeps its
-// configuration as copies in a classic queue on one node. Open moves it to
-// the replicated configuration queue and the semaphore works; the classic
-// queue stays for older clients.
-func TestMigrateClassicLayout(t *testing.T) {
-	n := name(t)
-	ch := rawChannel(t)
-	if _, err := ch.QueueDeclare("tokensem."+n, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
-		t.Fatal(err)
-	}
-	codec := driver.NewCodec(nil)
-	for i := range 2 {
-		b, err := codec.Encode(driver.NewToken(n, i, 1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ch.Publish("", "tokensem."+n, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	legacy := "tokensem." + n + ".config"
-	if _, err := ch.QueueDeclare(legacy, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 3, "permits": 2, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1})
-	for range 8 {
-		if err := ch.Publish("", legacy, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: cfg}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = rawChannel(t).QueueDelete(legacy, false, false, false)
-	})
-
-	ctx := semtest.Context(t, time.Minute)
-	s, err := amqpsem.Open(ctx, dial(t, broker.Addr, 0), n)
-	if err != nil {
-		t.Fatalf("open a semaphore of the classic layout: %v", err)
-	}
-	defer s.Close()
-	if s.Permits() != 2 {
-		t.Fatalf("migrated permits = %d, want 2", s.Permits())
-	}
-	p, err := s.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := configMessages(t, n); got != 1 {
-		t.Fatalf("%d configuration messages after the migration, want 1", got)
-	}
-	q, err := rawChannel(t).QueueDeclarePassive(legacy, true, false, false, false, nil)
-	if err != nil || q.Messages != 8 {
-		t.Fatalf("classic configuration queue after the migration: %+v, %v; want it untouched (8 copies)", q, err)
-	}
-	// Init of the same semaphore sees it as it is.
-	if _, err := amqpsem.Init(ctx, dial(t, broker.Addr, 0), n, 2); err != nil {
-		t.Fatalf("init after the migration: %v", err)
-	}
-}
-
 // TestInitResumesDeadCreation: a creator died after writing the
 // configuration as "creating" and some tokens. Open refuses the semaphore;
 // the next Init starts the creation over and leaves exactly N tokens.
@@ -176,7 +113,8 @@ func TestInitResumesDeadCreation(t *testing.T) {
 	if _, err := ch.QueueDeclare(cfgQ, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 1, "state": "creating", "permits": 5, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1})
+	cfg, _ := json.Marshal(map[string]any{"v": 1, "seq": 1, "state": "creating", "permits": 5, "epoch": 1, "queue_type": "quorum", "created_unix_ms": 1,
+		"hold_bound_ms": 7500})
 	if err := ch.Publish("", cfgQ, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: cfg}); err != nil {
 		t.Fatal(err)
 	}
@@ -206,5 +144,28 @@ func TestInitResumesDeadCreation(t *testing.T) {
 	}
 	if got := configMessages(t, n); got != 1 {
 		t.Fatalf("%d configuration messages, want 1", got)
+	}
+}
+
+// TestDeletedExchangeMadeAgain: every write declares and binds the
+// semaphore's exchange again (see bind), so one an operator deleted, with
+// its bindings, comes back with the next write: a resize from 1 to 2
+// writes the configuration and issues the new token through it.
+func TestDeletedExchangeMadeAgain(t *testing.T) {
+	n := name(t)
+	s := initAMQP(t, n, 1)
+	if err := rawChannel(t).ExchangeDelete("tokensem."+n+".x", false, false); err != nil {
+		t.Fatal(err)
+	}
+	ctx := semtest.Context(t, time.Minute)
+	if _, err := s.Resize(ctx, 2); err != nil {
+		t.Fatalf("resize with the exchange deleted: %v", err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil || !st.Healthy || st.Permits != 2 || st.Tokens != 2 {
+		t.Fatalf("status after the resize: %+v, %v; want 2 permits, 2 tokens, healthy", st, err)
+	}
+	if err := rawChannel(t).ExchangeDeclarePassive("tokensem."+n+".x", amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		t.Fatalf("the exchange after the resize: %v", err)
 	}
 }

@@ -327,7 +327,7 @@ func (c *Conn) openChannel(ctx context.Context, s *session) (*amqp.Channel, erro
 	return ch, err
 }
 
-// errLockLost fails work done under a lock (see Semaphore.lockQueue) once
+// errLockLost fails work done under a lock (see Semaphore.takeLock) once
 // the connection that held the lock is gone: the broker deleted the lock
 // queue with it, and another client may hold the lock now.
 var errLockLost error = &unavailable{"amqpsem: the connection holding the lock was lost; the locked work stops"}
@@ -374,7 +374,7 @@ func (c *Conn) confirmChannel(ctx context.Context) (*channel, error) {
 }
 
 // localLock returns the in-process lock of lock queue name (see
-// Semaphore.lockQueue): the broker's exclusive queue keeps other
+// Semaphore.takeLock): the broker's exclusive queue keeps other
 // connections out, not other callers on this one.
 func (c *Conn) localLock(name string) *sync.Mutex {
 	c.mu.Lock()

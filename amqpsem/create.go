@@ -46,7 +46,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 		KeyCheck: s.codec.KeyCheck(), QueueType: s.opts.queueType, Created: time.Now().UnixMilli(),
 		HoldBoundMS: bound.Milliseconds(), FenceBase: nextFenceBase(after), Issued: permits}
 	// Registered first: every semaphore that exists has an entry (see
-	// registry.go).
+	// list.go).
 	if err := s.register(ctx); err != nil {
 		return config{}, err
 	}
@@ -148,7 +148,7 @@ func (s *Semaphore) creationHoldBound(ctx context.Context) (time.Duration, error
 	defer parent.Close()
 	cfg, err := parent.loadConfig(ctx)
 	switch {
-	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, errLegacyLayout):
+	case errors.Is(err, tokensem.ErrNotInitialized):
 		return bound, nil
 	case err != nil:
 		return 0, err

@@ -16,8 +16,8 @@
 //     tokensem.NAME.lock while an Init, a resize, a reconcile or a delete
 //     runs;
 //   - the direct exchange tokensem.NAME.x, bound to the token and
-//     configuration queues, through which every publish goes (a semaphore
-//     made before it existed gets it at its first write).
+//     configuration queues, through which every publish goes (each write
+//     declares and binds it again, so one deleted comes back).
 //
 // Names cannot contain '.', so one regular expression per semaphore covers
 // its resources and no other's: an admin of one semaphore needs no right on
@@ -27,11 +27,6 @@
 // operation the broker refuses for the user's permissions fails at once,
 // without retries, with an error wrapping tokensem.ErrPermissionDenied that
 // names the permission and the resource.
-//
-// Semaphores made by an older amqpsem, which kept the configuration as
-// copies in the classic queue tokensem.NAME.config, are moved to the quorum
-// queue by the first Open or Init (the classic queue is left for older
-// clients; delete it once none runs).
 //
 // # Protocol
 //
@@ -73,7 +68,7 @@
 //   - a token that was delivered before and finds its slot's claim queue
 //     gone claims the slot only through a quarantine: the queue is made
 //     exclusive to one connection and held for that long, then made again
-//     as every holder uses it (see claims.go; a quarantine cut short takes
+//     as every holder uses it (see claim.go; a quarantine cut short takes
 //     the queue with it, so the next claimer starts one over). TryAcquire
 //     starts the quarantine and leaves that token for later;
 //   - a repair (reconcile --repair, or a waiter's orphan repair, see
@@ -167,7 +162,7 @@
 //
 // AMQP cannot list queues, so Init registers every semaphore it creates in
 // a registry queue, through the registry's exchange, and List reads it
-// (see registry.go for how it stays right under concurrent Init, List and
+// (see list.go for how it stays right under concurrent Init, List and
 // Delete). List sets the registry up; an admin of one semaphore may only
 // publish to its exchange. Delete removes the semaphore's entries if it
 // may, waiting at most the request timeout for the registry's lock, and
@@ -198,8 +193,8 @@
 //     bases below 2^63; and each reissued slot below tokensem.MaxPermits,
 //     with a 32-hex token id and a base above 0. A bad one fails that
 //     semaphore alone, at the cost of receiving it once (the configuration
-//     queue keeps no message above 2 MiB and 64 KiB: see configQueueArgs;
-//     one made by an older amqpsem has no cap): Open, Init, Status,
+//     queue keeps no message above 2 MiB and 64 KiB, see configQueueArgs):
+//     Open, Init, Status,
 //     Acquire, Resize and Delete return an error wrapping
 //     tokensem.ErrInvalidRecord that names ForceDelete; List lists it with
 //     State "invalid" and the reason in Info.Warning. Init refuses rather
@@ -267,8 +262,5 @@
 // 2-core machine), so an Init of thousands of permits takes seconds. A
 // repair, a delete with permits held, and the first claim of each slot
 // after its claim queue's node restarted, take W and a third (10 s with
-// DefaultHeartbeat). A semaphore made before W was stored uses
-// DefaultHeartbeat's; its slots' claim queues were made on first use, so
-// the first claim of a slot never used since is quarantined too when its
-// token was delivered before (a Status, a cancelled wait).
+// DefaultHeartbeat).
 package amqpsem

@@ -35,7 +35,7 @@ var _ driver.Inventory = (*Inventory)(nil)
 // classify), and removed.
 //
 // The run's work happens on the connection that holds the lock (see
-// Semaphore.lockQueue): once that connection is lost, Census, Remove and
+// Semaphore.takeLock): once that connection is lost, Census, Remove and
 // Issue fail.
 type Inventory struct {
 	s *Semaphore
@@ -227,7 +227,7 @@ func (inv *Inventory) Remove(ctx context.Context, e driver.Entry) error {
 // is out of sight; and its old token may come back (an orphan, see
 // WithOrphanRepair). So the first Issue after a census claims every
 // missing slot the census found, as a holder would (quarantining a claim
-// queue that went away, see claims.go), names a new current token for each
+// queue that went away, see claim.go), names a new current token for each
 // in the configuration (its ID and a fence base above every fence before
 // it, see nextFenceBase), and holds the claims for W and a third from when
 // they were all held, and for at least configTTL after the configuration
@@ -261,7 +261,7 @@ func (inv *Inventory) Issue(ctx context.Context, index int) error {
 // issueNew issues the first token of a slot that never had one in this
 // life: nobody can hold it or believe so. The configuration records first
 // that every slot below the permits has been issued, and their claim
-// queues are declared (see claims.go).
+// queues are declared (see claim.go).
 func (inv *Inventory) issueNew(ctx context.Context, index int) error {
 	s := inv.s
 	inv.mu.Lock()

@@ -50,7 +50,7 @@ func (s *Semaphore) newPermit(pc *pooledChannel, d amqp.Delivery, tok tokensem.T
 // cancels is a loss at once: the claim queue was deleted (the semaphore
 // was deleted, or the queue's node restarted or was lost), and from then
 // on nothing keeps another holder off the slot but the repair's and the
-// next claimer's wait (see claims.go), which count on this holder giving
+// next claimer's wait (see claim.go), which count on this holder giving
 // up now. The channel is closed, which returns the token.
 func (p *Permit) run() {
 	defer close(p.exited)

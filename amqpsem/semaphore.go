@@ -96,9 +96,6 @@ func (s *Semaphore) initLocked(ctx context.Context, permits int) (config, error)
 	}
 	defer unlock()
 	cfg, err := s.loadConfig(ctx)
-	if errors.Is(err, errLegacyLayout) {
-		cfg, err = s.migrateLocked(ctx)
-	}
 	switch {
 	case err == nil && cfg.State == stateDeleting:
 		// A delete that waited for stalled holders did not finish: finish
@@ -264,12 +261,6 @@ func (s *Semaphore) rtt(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, s.opts.RequestTimeout)
 }
 
-// lock takes the semaphore's creation lock (see lockQueue): the locked
-// work runs with the returned context.
-func (s *Semaphore) lock(ctx context.Context) (context.Context, func(), error) {
-	return s.lockQueue(ctx, lockQueue(s.name), "another Init, reconcile or delete of "+s.name)
-}
-
 // Name returns the semaphore's name.
 func (s *Semaphore) Name() string { return s.name }
 
@@ -280,7 +271,7 @@ func (s *Semaphore) config() config { return s.cfg.Get() }
 
 // Close makes later calls return tokensem.ErrClosed, wakes callers
 // blocked in Acquire (they return ErrClosed) and stops a running orphan
-// check (see WithOrphanRepair) or quarantine (see claims.go), waiting for
+// check (see WithOrphanRepair) or quarantine (see claim.go), waiting for
 // them. Held permits stay valid until released or lost. The Conn belongs
 // to the caller and stays open.
 func (s *Semaphore) Close() error {

@@ -44,12 +44,11 @@ import (
 //     the queues; a Delete that dies in between leaves entries List removes
 //     later.
 //
-// Semaphores made by a version before the registry are not listed. The
-// age of an entry is read from its publisher's clock: clients whose clocks
-// are more than staleEntry apart could drop the entry of an Init still in
-// progress. A reader reads at least as many entries as the queue counts
-// ready, and puts the others back before it lets the lock go, waiting
-// (up to registryReadMax) until the queue counts them again.
+// The age of an entry is read from its publisher's clock: clients whose
+// clocks are more than staleEntry apart could drop the entry of an Init
+// still in progress. A reader reads at least as many entries as the queue
+// counts ready, and puts the others back before it lets the lock go,
+// waiting (up to registryReadMax) until the queue counts them again.
 
 // Registry queue names. A semaphore name cannot be empty, so these never
 // collide with a semaphore's queues (tokensem.NAME...).
@@ -67,8 +66,8 @@ type registryEntry struct {
 // register adds an entry for the semaphore to the registry, through the
 // registry's exchange: a user allowed to register (write on that exchange)
 // may not read, empty or lock the registry (see List). A registry that is
-// not set up yet (or was made before it had an exchange) is set up first,
-// if the user may (see setupRegistry).
+// not set up yet (or lost its exchange or binding) is set up first, if the
+// user may (see setupRegistry).
 func (s *Semaphore) register(ctx context.Context) error {
 	if driver.IsGate(s.name) {
 		return nil // found through its semaphore, never listed
@@ -160,10 +159,9 @@ func (s *Semaphore) setupRegistry(ctx context.Context) error {
 }
 
 // List returns the semaphores in the registry of the broker c is
-// connected to, sorted by name (see the package doc: semaphores made by an
-// amqpsem before the registry are not listed). A semaphore whose creation
-// has not finished is listed as "creating", one whose configuration is
-// invalid as "invalid", with the reason in Warning (see
+// connected to, sorted by name (see the package doc). A semaphore whose
+// creation has not finished is listed as "creating", one whose
+// configuration is invalid as "invalid", with the reason in Warning (see
 // tokensem.ErrInvalidRecord), and one whose configuration could not be
 // read in time, or whose read failed at the broker, as "unreadable", with
 // the error in Warning.
@@ -268,9 +266,6 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 	info := tokensem.Info{Name: name, Backend: "amqp", State: "creating"}
 	cfg, err := sem.loadConfig(ctx)
 	switch {
-	case errors.Is(err, errLegacyLayout):
-		info.State = "legacy" // Open or Init moves it to the current layout
-		return info, nil
 	case errors.Is(err, tokensem.ErrInvalidRecord):
 		// Listed as such, not read: it fails that semaphore, not the list.
 		info.State, info.Warning = "invalid", err.Error()
@@ -351,7 +346,7 @@ func decodeEntry(b []byte) (e registryEntry, ok bool) {
 // fn, acknowledges (removes) the entries fn returns and puts the others
 // back. A registry that does not exist is empty.
 func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (drop []registered, err error)) error {
-	ctx, unlock, err := s.lockQueue(ctx, registryLock, "another List or Delete (the registry lock)")
+	ctx, unlock, err := s.takeLock(ctx, registryLock, "another List or Delete (the registry lock)")
 	if err != nil {
 		return err
 	}
@@ -458,112 +453,3 @@ const (
 	registryQuiet   = 200 * time.Millisecond
 	registryReadMax = 10 * time.Second
 )
-
-// lockQueue takes a broker-wide lock: the exclusive queue q, which a
-// second connection cannot declare (405 RESOURCE_LOCKED) and which the
-// broker deletes if the holder's connection dies. A mutex per q keeps the
-// callers sharing this process's connection (to which the exclusive queue
-// belongs) out of each other's way. It waits, until ctx ends, while
-// someone else (holder, for messages) has the lock.
-//
-// The lock lives with the connection that declared it, while the Conn
-// reconnects behind its callers' backs: the returned context pins the
-// locked work to that connection (see pin). Every channel the work opens
-// with it is opened there, and once that connection is lost, the work
-// fails with errLockLost instead of going on, unlocked, on the next one.
-func (s *Semaphore) lockQueue(ctx context.Context, q, holder string) (context.Context, func(), error) {
-	local := s.c.localLock(q)
-	if !tryLock(ctx, local) {
-		return nil, nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, ctx.Err())
-	}
-	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
-	for {
-		ch, sess, err := s.c.channel(ctx)
-		if err != nil {
-			local.Unlock()
-			return nil, nil, err
-		}
-		rctx, cancel := s.rtt(ctx)
-		err = s.c.rpc(rctx, ch, func() error {
-			_, err := ch.QueueDeclare(q, false, false, true, false, nil)
-			return err
-		}, func() {
-			// The caller gave up before the broker answered: if the
-			// declare landed, the lock is this connection's with nobody to
-			// free it, and other connections would wait for it as long as
-			// this one lives. (A delete of a queue another connection holds
-			// exclusively is refused, and deletes nothing.)
-			_, _ = ch.QueueDelete(q, false, false, false)
-			local.Unlock()
-		})
-		cancel()
-		if err == nil {
-			return pin(ctx, sess), func() { s.unlockQueue(ch, q, local) }, nil
-		}
-		if ch.abandoned.Load() {
-			// The undo above frees the queue and then local.
-			if cerr := ctx.Err(); cerr != nil {
-				return nil, nil, cerr
-			}
-			return nil, nil, wrapBrokerErr("taking the lock "+q, err)
-		}
-		_ = ch.Close()
-		switch {
-		case isCode(err, amqp.ResourceLocked):
-		case isCode(err, amqp.InternalError):
-			// Declaring an exclusive queue while its previous owner's
-			// delete of it is still going on fails with 541 and closes the
-			// connection (seen on 3.10.8 with semgroup's idle expiry
-			// deleting a semaphore another replica creates again); the
-			// connection is made again and the declare retried, after a
-			// pause long enough for the delete to end (every 541 costs the
-			// permits held on this connection).
-			s.log.Warn("the lock queue was being deleted as it was declared (541; the connection was closed); retrying", "queue", q)
-			if err := backoff.Sleep(ctx, 500*time.Millisecond); err != nil {
-				local.Unlock()
-				return nil, nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
-			}
-		case isConnectionLost(err) && pinnedSession(ctx) == nil:
-			// The connection closed under the declare (another call on it
-			// got a 541, say): the Conn makes it again; declare again.
-			s.log.Warn("the connection closed while declaring the lock queue; retrying", "queue", q, "err", err)
-		default:
-			local.Unlock()
-			return nil, nil, wrapBrokerErr("taking the lock "+q, err)
-		}
-		if err := pause.Wait(ctx, nil); err != nil {
-			local.Unlock()
-			return nil, nil, fmt.Errorf("amqpsem: waiting for %s: %w", holder, err)
-		}
-	}
-}
-
-// unlockQueue deletes the lock queue q, waiting for the broker at most a
-// request timeout: a broker that does not answer the delete (seen from the
-// bench harness on a RabbitMQ with 2,500 queues, an Init stuck for 18
-// minutes) must not hold the caller for ever. A delete left unanswered
-// finishes, or the queue goes with the connection (it is exclusive); until
-// then other connections wait for the lock, this one does not.
-func (s *Semaphore) unlockQueue(ch *channel, q string, local *sync.Mutex) {
-	defer local.Unlock()
-	rctx, cancel := s.rtt(context.Background())
-	defer cancel()
-	err := s.c.rpc(rctx, ch, func() error {
-		_, err := ch.QueueDelete(q, false, false, false)
-		return err
-	}, nil)
-	if err != nil {
-		s.log.Warn("could not delete the lock queue; it goes when the broker answers or the connection closes", "queue", q, "err", err)
-	}
-	_ = ch.Close() // an abandoned channel is closed once the delete returns
-}
-
-// tryLock locks m unless ctx ends first.
-func tryLock(ctx context.Context, m *sync.Mutex) bool {
-	for !m.TryLock() {
-		if backoff.Sleep(ctx, 5*time.Millisecond) != nil {
-			return false
-		}
-	}
-	return true
-}

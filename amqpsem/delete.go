@@ -94,9 +94,8 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 	defer unlock()
 	cfg, err := s.loadConfig(ctx)
 	switch {
-	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, errLegacyLayout):
-		// No current configuration: whatever is left of a creation cut
-		// short, or an older layout, goes.
+	case errors.Is(err, tokensem.ErrNotInitialized):
+		// No configuration: whatever is left of a creation cut short goes.
 		found, err := s.deleteQueues(ctx, 0)
 		*removed = *removed || found
 		if err != nil {
@@ -170,7 +169,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 // configuration. The wait starts over: a deleter that wrote the mark may
 // have died at any point of its own.
 func (s *Semaphore) finishDelete(ctx context.Context, cfg config) error {
-	queues := []string{QueueName(s.name), legacyConfigQueue(s.name)}
+	queues := []string{QueueName(s.name)}
 	for i := range cfg.slots() {
 		queues = append(queues, claimQueue(s.name, i))
 	}
@@ -355,12 +354,13 @@ func (s *Semaphore) closeSlots(ctx context.Context, slots, refuse int) (release 
 // not known here: it is not durable, and goes with its node's next
 // restart.
 func (s *Semaphore) deleteQueues(ctx context.Context, slots int) (found bool, err error) {
-	queues := []string{configQueue(s.name), QueueName(s.name), legacyConfigQueue(s.name)}
+	queues := []string{configQueue(s.name), QueueName(s.name)}
+	durable := len(queues) // found says whether these existed
 	for i := range slots {
 		queues = append(queues, claimQueue(s.name, i))
 	}
 	for i, q := range queues {
-		if i < 3 {
+		if i < durable {
 			exists, err := s.queueExists(ctx, q)
 			if err != nil {
 				return found, err

@@ -52,8 +52,8 @@ func majorVersion(v string) int {
 // with routing key q reach queue q: it declares the exchange and binds q
 // to it, both idempotent, on ch, the channel about to publish (the broker
 // runs a channel's commands in order, so the binding is there for the
-// publish). A semaphore made before it had an exchange gets one at its
-// first write this way; the readers of its queues need nothing new.
+// publish). Every write binds, so an exchange or binding someone deleted
+// comes back with the next write instead of failing every publish.
 func (s *Semaphore) bind(ch *channel, q string) error {
 	x := exchangeName(s.name)
 	if err := ch.ExchangeDeclare(x, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 )
 
 // A slot is claimed by an exclusive consumer on its claim queue
@@ -32,6 +35,88 @@ import (
 // life's first (Init's, or a grown slot's) or a repair's copy, issued
 // after the repair itself held the slot for W (see Inventory.Issue): no
 // holder of its slot can believe, and it claims at once.
+
+// claim turns a delivery into a permit. Junk, forged, foreign and retired
+// tokens are removed (acked). The slot is claimed with an exclusive
+// consumer on the slot's claim queue (see claimSlot): the broker refuses a
+// second exclusive consumer (403) while the first exists, and drops it
+// when its channel or connection closes. A token whose slot is claimed
+// already (by this process or another) is a duplicate, or its holder's
+// connection is just closing: it goes back (the channel is closed) and the
+// caller retries after a pause.
+//
+// The token is checked again once the claim is held, against a
+// configuration whose read began less than configTTL before: a repair
+// that names a slot's new current token waits configTTL before it issues
+// it (see Inventory.Issue), so a token it retired is either claimed before
+// the new one exists, or refused.
+func (s *Semaphore) claim(ctx context.Context, pc *pooledChannel, d amqp.Delivery, noWait bool) (*Permit, error) {
+	tok, _, err := s.admit(ctx, d.Body)
+	switch {
+	case errors.Is(err, driver.ErrNotCurrent):
+		s.log.Warn("removing an invalid token message", "reason", err)
+		_ = d.Ack(false)
+		return nil, errRetry{}
+	case err != nil:
+		// Could not check it (the configuration did not load): the
+		// channel's close returns the token.
+		return nil, err
+	}
+	if !s.reserve(tok.Index) {
+		s.log.Warn("duplicate token of a slot this process holds; returning it", "index", tok.Index)
+		return nil, errRetry{backoff: true}
+	}
+	if err := s.claimSlot(ctx, pc, tok.Index, d, noWait); err != nil {
+		s.unreserve(tok.Index)
+		var retry errRetry
+		switch {
+		case errors.As(err, &retry), ctx.Err() != nil:
+			return nil, err
+		case isCode(err, amqp.AccessRefused) || isCode(err, amqp.ResourceLocked):
+			s.log.Debug("slot claimed by another holder; returning the token", "index", tok.Index)
+			return nil, errRetry{backoff: true}
+		}
+		return nil, wrapBrokerErr(fmt.Sprintf("claim slot %d", tok.Index), err)
+	}
+	index := tok.Index
+	tok, cfg, err := s.admit(ctx, d.Body)
+	if err != nil {
+		s.unreserve(index)
+		if errors.Is(err, driver.ErrNotCurrent) {
+			s.log.Warn("removing a token retired while its slot was being claimed", "reason", err)
+			_ = d.Ack(false)
+			return nil, errRetry{}
+		}
+		return nil, err
+	}
+	return s.newPermit(pc, d, tok, cfg), nil
+}
+
+// admit checks a delivered token against the configuration, as
+// driver.Admit does, and against its slot's current token (see
+// classify): a token that is not a current one of this semaphore is an
+// error wrapping driver.ErrNotCurrent. One that looks retired is
+// checked again against the configuration read afresh: a resize may have
+// grown the semaphore, a repair named it current, or it belongs to a new
+// life of the semaphore (a new epoch), which only the configuration of its
+// own life may admit. It returns the configuration it checked against.
+func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, config, error) {
+	cfg, err := s.freshConfig(ctx)
+	if err != nil {
+		return tokensem.Token{}, config{}, err
+	}
+	e := s.classify(cfg, body)
+	if e.Reason == "retired" {
+		if cfg, err = s.refreshConfig(ctx); err != nil {
+			return tokensem.Token{}, config{}, err
+		}
+		e = s.classify(cfg, body)
+	}
+	if !e.Valid {
+		return e.Token, config{}, fmt.Errorf("%w: %s token %s", driver.ErrNotCurrent, e.Reason, e.Token)
+	}
+	return e.Token, cfg, nil
+}
 
 // claimTag is the consumer tag of a slot claim on its holder's channel.
 const claimTag = "tokensem-claim"
@@ -96,6 +181,35 @@ func (s *Semaphore) claimSlot(ctx context.Context, pc *pooledChannel, index int,
 // counted by a quorum queue.
 func delivered(d amqp.Delivery) bool {
 	return d.Redelivered || deliveryCount(d) > 0
+}
+
+// fence is the token's fence base (see config.fenceBase: its life's, or
+// its slot's latest reissue's) plus the quorum queue's count of earlier
+// returns of this message plus one: it grows every time the slot changes
+// hands, and a later life's or reissue's base is above every fence before
+// it. A quorum queue leaves the count out of a delivery that has none yet
+// (seen on consumer deliveries: 0). Classic queues do not count, so there
+// it is only the base.
+func fence(d amqp.Delivery, tok tokensem.Token, cfg config) uint64 {
+	base := cfg.fenceBase(tok)
+	if cfg.QueueType != Quorum {
+		return base
+	}
+	return base + uint64(deliveryCount(d)) + 1
+}
+
+// deliveryCount returns a quorum queue's count of the earlier returns of
+// d's message (0 when the header is absent).
+func deliveryCount(d amqp.Delivery) int64 {
+	switch n := d.Headers["x-delivery-count"].(type) {
+	case int64:
+		return max(n, 0)
+	case int32:
+		return int64(max(n, 0))
+	case int:
+		return int64(max(n, 0))
+	}
+	return 0
 }
 
 // quarantine is one slot's quarantine, run by this Semaphore.
