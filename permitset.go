@@ -148,15 +148,11 @@ func (ps *PermitSet) Fences() []uint64 {
 }
 
 // Deadline returns the earliest deadline of the set's permits that have
-// one (natssem permits do; see Permit), or the zero time if none has.
+// one (see Permit.Deadline), or the zero time if none has.
 func (ps *PermitSet) Deadline() time.Time {
 	var first time.Time
 	for _, p := range ps.permits {
-		d, ok := p.(interface{ Deadline() time.Time })
-		if !ok {
-			continue
-		}
-		if t := d.Deadline(); !t.IsZero() && (first.IsZero() || t.Before(first)) {
+		if t := p.Deadline(); !t.IsZero() && (first.IsZero() || t.Before(first)) {
 			first = t
 		}
 	}

@@ -33,11 +33,6 @@ type Semaphore interface {
 
 // Permit is one held permit. It owns the renewal of its lease until it is
 // released or lost.
-//
-// Deadline is not part of the interface because only a lease has one: a
-// natssem permit's Deadline method gives the local time it is lost unless
-// a renewal lands first (the permit renews itself well before), while an
-// amqpsem permit has none: it is held until its connection drops.
 type Permit interface {
 	// Token returns the token this permit holds.
 	Token() Token
@@ -46,6 +41,11 @@ type Permit interface {
 	// resource that remembers the highest fence it has seen per slot can
 	// reject a stale holder.
 	Fence() uint64
+	// Deadline returns the local time at which the permit is lost unless a
+	// renewal lands first (a natssem permit renews itself well before), or
+	// the zero time for a permit without a lease (an amqpsem permit is held
+	// until its connection drops).
+	Deadline() time.Time
 	// Done is closed when the permit is released or lost.
 	Done() <-chan struct{}
 	// Err is nil while the permit is held, wraps ErrLeaseLost after a loss

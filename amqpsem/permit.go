@@ -85,6 +85,10 @@ func (p *Permit) Token() tokensem.Token { return p.tok }
 // count deliveries.
 func (p *Permit) Fence() uint64 { return p.fence }
 
+// Deadline returns the zero time: an amqpsem permit has no lease; it is
+// held until it is released or its connection drops (Done closes then).
+func (p *Permit) Deadline() time.Time { return time.Time{} }
+
 // Done is closed when the permit is released or lost.
 func (p *Permit) Done() <-chan struct{} { return p.life.Done() }
 

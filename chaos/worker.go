@@ -167,8 +167,8 @@ func RunWorker() int {
 			continue
 		}
 		acq := Report{Op: "acq", Slot: p.Token().Index, Fence: p.Fence(), Call: call, At: time.Now().UnixNano()}
-		if dp, ok := p.(interface{ Deadline() time.Time }); ok {
-			acq.Until = dp.Deadline().UnixNano()
+		if d := p.Deadline(); !d.IsZero() {
+			acq.Until = d.UnixNano()
 		}
 		report(acq)
 		d := long.draw()
