@@ -51,7 +51,7 @@ var (
 	// semaphore's configuration (Open, Init, Status and the rest fail for
 	// that semaphore alone; ForceDelete removes it), and the records a
 	// backend reads beside it. The error quotes at most a few dozen bytes
-	// of the record. Each backend's doc.go lists what it checks.
+	// of the record. docs/protocol-nats.md and docs/protocol-rabbitmq.md list what each backend checks.
 	ErrInvalidRecord = errors.New("tokensem: invalid stored record")
 	// ErrKeyMismatch is returned by Init and Open when the signing key given
 	// (or its absence) does not match the one the semaphore was created with.

@@ -184,7 +184,7 @@ func configSize(reissued int) int { return baseConfigSize + reissueSize*reissued
 var maxHoldBound = holdBoundOf(65535 * time.Second)
 
 // decodeConfig parses and checks a stored configuration of semaphore name
-// (see the package doc, "What is read is checked"). Errors wrap
+// (see docs/protocol-rabbitmq.md, "What is read is checked"). Errors wrap
 // tokensem.ErrInvalidRecord.
 func decodeConfig(name string, b []byte) (config, error) {
 	var c config

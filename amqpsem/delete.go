@@ -44,7 +44,7 @@ import (
 // first AcquireN races the delete may make the gate again after it; the
 // next Init of the name uses it, the next Delete removes it.
 //
-// A semaphore whose configuration is invalid (see the package doc) is
+// A semaphore whose configuration is invalid (see docs/protocol-rabbitmq.md) is
 // refused with an error wrapping tokensem.ErrInvalidRecord: Delete cannot
 // tell its holders by it. ForceDelete removes it.
 //
@@ -61,7 +61,7 @@ func Delete(ctx context.Context, c *Conn, name string) error {
 // and waiters in Acquire return tokensem.ErrNotInitialized. With a permit
 // held it always waits as Delete describes, so it returns only once every
 // holder has been told or has passed W. It removes a semaphore whose
-// configuration is invalid too (see the package doc), always waiting W and
+// configuration is invalid too (see docs/protocol-rabbitmq.md), always waiting W and
 // a third then.
 func ForceDelete(ctx context.Context, c *Conn, name string) error {
 	return deleteSemaphore(ctx, c, name, true)

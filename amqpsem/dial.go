@@ -59,7 +59,7 @@ func WithMaxConnWaiters(n int) DialOption {
 // DefaultHeartbeat). A frozen or partitioned holder loses its permit about
 // two heartbeats after it went silent. The Conn's watchdog tells a holder
 // whose connection stopped working within 1.5 heartbeats (W, see the
-// package doc): Init stores that bound in the semaphore, and Open and Init
+// docs/protocol-rabbitmq.md): Init stores that bound in the semaphore, and Open and Init
 // refuse a Conn whose heartbeat is longer than the one the semaphore was
 // made with (tokensem.ErrInvalidOption).
 func WithHeartbeat(d time.Duration) DialOption {

@@ -159,7 +159,7 @@ func (s *Semaphore) setupRegistry(ctx context.Context) error {
 }
 
 // List returns the semaphores in the registry of the broker c is
-// connected to, sorted by name (see the package doc). A semaphore whose
+// connected to, sorted by name (see docs/protocol-rabbitmq.md). A semaphore whose
 // creation has not finished is listed as "creating", one whose
 // configuration is invalid as "invalid", with the reason in Warning (see
 // tokensem.ErrInvalidRecord), and one whose configuration could not be

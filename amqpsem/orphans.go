@@ -9,7 +9,7 @@ import (
 
 // An orphan is a token checked out to a consumer that no longer exists:
 // RabbitMQ 3.10 can keep one after losing a token queue's leader, until
-// that leader restarts (see the package doc). Nobody can be given it and
+// that leader restarts (see docs/protocol-rabbitmq.md). Nobody can be given it and
 // nobody holds its slot, so once every other token is held, waiters wait
 // for ever. A caller of Acquire that has waited long enough looks for
 // such slots and repairs them (WithOrphanRepair).

@@ -80,7 +80,7 @@ var errClaimCancelled = errors.New("amqpsem: the broker cancelled the slot's cla
 func (p *Permit) Token() tokensem.Token { return p.tok }
 
 // Fence returns the fencing number: the token's fence base (its issue
-// time in microseconds: see the package doc) plus its delivery count plus
+// time in microseconds: see docs/protocol-rabbitmq.md) plus its delivery count plus
 // one on quorum queues; only the base on classic queues, which do not
 // count deliveries.
 func (p *Permit) Fence() uint64 { return p.fence }

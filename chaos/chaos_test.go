@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 const natsLease = time.Second
 
 // natsSkew is how far ahead of the stamping clock the NATS workers read the
-// server's clock when they decide a takeover (see natssem's package doc:
+// server's clock when they decide a takeover (see docs/protocol-nats.md:
 // the holder's margin is lease/5). Half the margin: the other half is room
 // for a loaded machine to schedule a holder's deadline late.
 const natsSkew = natsLease / 10

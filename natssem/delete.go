@@ -64,7 +64,7 @@ import (
 //
 // Of a key of a group, pass WithGroup; other options are ignored.
 //
-// A semaphore whose configuration is invalid (see the package doc) is
+// A semaphore whose configuration is invalid (see docs/protocol-nats.md) is
 // refused with an error wrapping tokensem.ErrInvalidRecord: Delete cannot
 // tell its holders by it. ForceDelete removes it.
 //
@@ -83,7 +83,7 @@ func Delete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) err
 // first, the semaphore is put back and its holders keep their slots.
 // Waiters in Acquire return tokensem.ErrNotInitialized. It removes a
 // semaphore whose configuration is invalid too, taking the lease of its
-// holders from the token consumer (see the package doc).
+// holders from the token consumer (see docs/protocol-nats.md).
 func ForceDelete(ctx context.Context, nc *nats.Conn, name string, opts ...Option) error {
 	return deleteSemaphore(ctx, nc, name, true, opts)
 }

@@ -44,7 +44,7 @@ import (
 // before its first bump: bumped) vouches for nothing, so that two buckets
 // of one group name, made one after the other, never share a generation.
 // The epoch that tokens and records carry keeps lives apart in any case
-// (see the package doc); the generation only carries resizes.
+// (see docs/protocol-nats.md); the generation only carries resizes.
 //
 // One generation read per group, connection and configTTL replaces a read
 // per key. Only keys created with configVersionGen, whose every client

@@ -151,7 +151,7 @@ func (inv *Inventory) census(ctx context.Context) (driver.Census, error) {
 		// Nothing this package leaves for long: a claim names the token it
 		// was delivered, and a takeover deletes the old copy only after its
 		// record names the new one. Anyone who may write slot records or
-		// ack tokens can make it (see the package doc, "What a client can
+		// ack tokens can make it (see docs/protocol-nats.md, "What a client can
 		// do").
 		slices.Sort(tokenless)
 		c.Problems = append(c.Problems, fmt.Sprintf("slots %v are held by records naming no token in the stream "+

@@ -12,7 +12,7 @@ import "time"
 // whole tolerance for what can make the two clocks disagree: a server clock
 // stepped forward, skew between the node that stamps a record and the one
 // that answers the taker's consumer info, and a holder's process stalled
-// between reading its clock and acting (see the package doc).
+// between reading its clock and acting (see docs/protocol-nats.md).
 //
 // A holder renews every renewEvery and, after a failed renewal, retries
 // every retryEvery until its deadline. Claim hands out a permit only with
