@@ -18,6 +18,24 @@ type AMQPPrimitives struct {
 	GetRequeue Summary // requeue of the held message + basic.get of it
 	Push       Summary // requeue by its holder until a consumer on another channel has it
 	Claim      Summary // exclusive consume + cancel on a classic queue (a claim and its end)
+	// Protocol is amqpsem's cycle played bare: consume the token queue
+	// until the delivery, claim, cancel the consumer; cancel the claim,
+	// requeue, confirming round trip (basic.qos). The library's share of
+	// its cycle is what it takes beyond this.
+	Protocol Summary
+	// ProtocolHandoff is amqpsem's handoff played bare: from the holder's
+	// claim cancel and requeue to a waiter consuming on another channel
+	// (idle for 1 ms) holding the token, its claim made and its consumer
+	// cancelled.
+	ProtocolHandoff Summary
+}
+
+// protocol returns p, or none when p is nil.
+func (p *AMQPPrimitives) protocol() AMQPPrimitives {
+	if p == nil {
+		return AMQPPrimitives{}
+	}
+	return *p
 }
 
 // CycleFloor is one client's acquire+release done with the fewest
@@ -159,7 +177,131 @@ func (a *amqpSystem) primitives(ctx context.Context, samples int) (AMQPPrimitive
 		}
 	}
 	p.Push = Summarize(d)
+	if err := held.Nack(false, true); err != nil {
+		return AMQPPrimitives{}, err
+	}
+	if p.Protocol, err = protocolCycle(ctx, chB, q, claim, samples, warm); err != nil {
+		return AMQPPrimitives{}, fmt.Errorf("primitives: protocol cycle: %w", err)
+	}
+	if p.ProtocolHandoff, err = protocolHandoff(ctx, conn, q, claim, samples, warm); err != nil {
+		return AMQPPrimitives{}, fmt.Errorf("primitives: protocol handoff: %w", err)
+	}
 	return p, nil
+}
+
+// protocolCycle times AMQPPrimitives.Protocol on ch (prefetch 1), the
+// token ready in q.
+func protocolCycle(ctx context.Context, ch *amqp.Channel, q, claim string, samples, warm int) (Summary, error) {
+	var d []time.Duration
+	for i := range samples + warm {
+		t0 := time.Now()
+		tok, err := takeAndClaim(ctx, ch, q, claim, "proto")
+		if err != nil {
+			return Summary{}, err
+		}
+		if err := giveBack(ch, tok); err != nil {
+			return Summary{}, err
+		}
+		if i >= warm {
+			d = append(d, time.Since(t0))
+		}
+	}
+	return Summarize(d), nil
+}
+
+// protocolHandoff times AMQPPrimitives.ProtocolHandoff: a holder and a
+// waiter on two channels of conn (prefetch 1), the token in q.
+func protocolHandoff(ctx context.Context, conn *amqp.Connection, q, claim string, samples, warm int) (Summary, error) {
+	var chs [2]*amqp.Channel
+	for i := range chs {
+		ch, err := conn.Channel()
+		if err != nil {
+			return Summary{}, err
+		}
+		defer ch.Close()
+		if err := ch.Qos(1, 0, false); err != nil {
+			return Summary{}, err
+		}
+		chs[i] = ch
+	}
+	holder, waiter := chs[0], chs[1]
+	var d []time.Duration
+	for i := range samples + warm {
+		held, err := takeAndClaim(ctx, holder, q, claim, "holder")
+		if err != nil {
+			return Summary{}, err
+		}
+		type got struct {
+			tok amqp.Delivery
+			at  time.Time
+			err error
+		}
+		gc := make(chan got, 1)
+		deliveries, err := waiter.Consume(q, "waiter", false, false, false, false, nil)
+		if err != nil {
+			return Summary{}, err
+		}
+		go func() {
+			tok, err := claimDelivery(ctx, waiter, deliveries, claim, "waiter")
+			gc <- got{tok, time.Now(), err}
+		}()
+		time.Sleep(time.Millisecond) // the waiter goes idle, as in the handoff scenario
+		t0 := time.Now()
+		if err := giveBack(holder, held); err != nil {
+			return Summary{}, err
+		}
+		g := <-gc
+		if g.err != nil {
+			return Summary{}, g.err
+		}
+		if i >= warm {
+			d = append(d, g.at.Sub(t0))
+		}
+		if err := giveBack(waiter, g.tok); err != nil {
+			return Summary{}, err
+		}
+	}
+	return Summarize(d), nil
+}
+
+// takeAndClaim consumes q on ch until a delivery, and claims it (see
+// claimDelivery).
+func takeAndClaim(ctx context.Context, ch *amqp.Channel, q, claim, tag string) (amqp.Delivery, error) {
+	deliveries, err := ch.Consume(q, tag, false, false, false, false, nil)
+	if err != nil {
+		return amqp.Delivery{}, err
+	}
+	return claimDelivery(ctx, ch, deliveries, claim, tag)
+}
+
+// claimDelivery waits for the consumer tag's delivery, claims the claim
+// queue with an exclusive consumer and cancels the consumer (one-way), as
+// amqpsem's Acquire does.
+func claimDelivery(ctx context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery, claim, tag string) (amqp.Delivery, error) {
+	var tok amqp.Delivery
+	select {
+	case tok = <-deliveries:
+	case <-time.After(5 * time.Second):
+		return amqp.Delivery{}, errors.New("no delivery within 5 s")
+	case <-ctx.Done():
+		return amqp.Delivery{}, ctx.Err()
+	}
+	if _, err := ch.Consume(claim, "claim", false, true, false, false, nil); err != nil {
+		return amqp.Delivery{}, err
+	}
+	return tok, ch.Cancel(tag, true)
+}
+
+// giveBack ends the claim and requeues tok (both one-way), then confirms
+// with a round trip, as amqpsem's Release does.
+func giveBack(ch *amqp.Channel, tok amqp.Delivery) error {
+	if err := ch.Cancel("claim", true); err != nil {
+		return err
+	}
+	if err := tok.Reject(true); err != nil {
+		return err
+	}
+	return ch.Qos(1, 0, false)
 }
 
 // AMQPProtocolContention is the contention scenario played with plain

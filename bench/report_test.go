@@ -111,7 +111,7 @@ func TestTargetsAgainstTheRun(t *testing.T) {
 		}
 	}
 	r.AMQPPrims = &AMQPPrimitives{GetRequeue: Summary{P50: 500 * time.Microsecond}, Claim: Summary{P50: 300 * time.Microsecond},
-		Push: Summary{P50: 400 * time.Microsecond}}
+		Push: Summary{P50: 400 * time.Microsecond}, ProtocolHandoff: Summary{N: 10, P50: 1400 * time.Microsecond}}
 	r.Systems[1].Handoff = &HandoffResult{Summary: Summary{N: 10, P50: 2 * time.Millisecond}} // 2.9× 700 µs
 	amqpWant := map[string]string{
 		"cycle p50 ≤ 1.5× its primitives' floor (plain amqp091, same run)":   Met, // 900/800
@@ -120,6 +120,10 @@ func TestTargetsAgainstTheRun(t *testing.T) {
 	for _, tg := range Targets(r) {
 		if w, ok := amqpWant[tg.Goal]; ok && tg.System == "amqpsem" && tg.Status != w {
 			t.Errorf("amqpsem %s: %q, want %q", tg.Goal, tg.Status, w)
+		}
+		if tg.System == "amqpsem" && tg.Goal == "handoff p50 ≤ 1.5× its primitives' floor (plain amqp091, same run)" &&
+			!strings.Contains(tg.Why, "amqpsem's protocol played bare with plain amqp091 in this run: p50 1.40 ms = 2.0× the floor") {
+			t.Errorf("the handoff target's reason does not quote the protocol played bare: %s", tg.Why)
 		}
 	}
 	for _, tg := range Targets(r) {

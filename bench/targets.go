@@ -337,9 +337,10 @@ func addAMQPFloor(ts *[]Target, s *SystemResult, p *AMQPPrimitives) {
 		what  string
 		got   *Summary
 		floor func(AMQPPrimitives) time.Duration
+		bare  Summary // amqpsem's protocol played bare
 	}{
-		{"cycle", cycle, AMQPPrimitives.CycleFloor},
-		{"handoff", handoff, AMQPPrimitives.HandoffFloor},
+		{"cycle", cycle, AMQPPrimitives.CycleFloor, p.protocol().Protocol},
+		{"handoff", handoff, AMQPPrimitives.HandoffFloor, p.protocol().ProtocolHandoff},
 	} {
 		t := Target{System: s.Label, Status: NotRun, Goal: c.what + " p50 ≤ 1.5× its primitives' floor (plain amqp091, same run)"}
 		if c.got != nil && p != nil {
@@ -352,6 +353,10 @@ func addAMQPFloor(ts *[]Target, s *SystemResult, p *AMQPPrimitives) {
 				t.Why = "amqpsem's Acquire consumes rather than gets (a basic.get on a quorum queue electing a leader closes " +
 					"the whole connection), which adds the consume's round trip and the consumer's cancel, and its Release " +
 					"confirms the requeue with a round trip; machine CPU " + pctOf(nil, s.Handoff) + " busy during the handoffs"
+				if c.bare.N > 0 {
+					t.Why += fmt.Sprintf("; amqpsem's protocol played bare with plain amqp091 in this run: p50 %s = %.1f× the floor",
+						fmtDur(c.bare.P50), float64(c.bare.P50)/float64(floor))
+				}
 			}
 		}
 		*ts = append(*ts, t)
