@@ -187,10 +187,10 @@ func (s *Semaphore) enterWait() (leave func(), err error) {
 func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck) (*Permit, error) {
 	ch := pc.ch
 	tag := "tokensem-" + driver.NewToken(s.name, 0, 1).ID
-	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
+	deliveries, err := ch.Consume(tokenQueue(s.name), tag, false, false, false, false, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
-		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, tokenQueue(s.name))
 	case denied(err):
 		return nil, fmt.Errorf("amqpsem: wait for a token of %s: %w", s.name, err)
 	case err != nil:
@@ -247,10 +247,10 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 
 // get takes one ready token with basic.get, or returns ErrNoPermit.
 func (s *Semaphore) get(ctx context.Context, pc *pooledChannel) (*Permit, error) {
-	d, ok, err := pc.ch.Get(QueueName(s.name), false)
+	d, ok, err := pc.ch.Get(tokenQueue(s.name), false)
 	switch {
 	case isCode(err, amqp.NotFound):
-		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, tokenQueue(s.name))
 	case denied(err):
 		return nil, fmt.Errorf("amqpsem: take a token of %s: %w", s.name, err)
 	case err != nil:

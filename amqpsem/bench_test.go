@@ -49,7 +49,7 @@ func BenchmarkHandoff(b *testing.B) {
 		b.Fatal(err)
 	}
 	consumers := func() int {
-		q, err := pch.QueueDeclarePassive(amqpsem.QueueName(n), true, false, false, false, nil)
+		q, err := pch.QueueDeclarePassive(amqpsem.ResourcesOf(n).Queue, true, false, false, false, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -61,7 +61,7 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 		c.Entries = append(c.Entries, s.classify(cfg, b))
 	}
 	st := driver.Summarize(c)
-	st.Name, st.Backend, st.Resource, st.Waiting = s.name, "amqp", QueueName(s.name), waiting
+	st.Name, st.Backend, st.Resource, st.Waiting = s.name, "amqp", tokenQueue(s.name), waiting
 	for _, idx := range held { // readClaims returns them in index order
 		st.Holders = append(st.Holders, tokensem.Holder{Index: idx})
 	}
@@ -106,7 +106,7 @@ func (s *Semaphore) squatted(ctx context.Context, held []int, consumers int) (in
 	if err := backoff.Sleep(ctx, 250*time.Millisecond); err != nil {
 		return 0, err
 	}
-	info, _, err := s.queueInfo(ctx, QueueName(s.name))
+	info, _, err := s.queueInfo(ctx, tokenQueue(s.name))
 	if err != nil {
 		return 0, err
 	}
@@ -184,7 +184,7 @@ func (s *Semaphore) takeReady(ctx context.Context, ch *channel) ([]amqp.Delivery
 	var ds []amqp.Delivery
 	err := s.c.rpc(ctx, ch, func() error {
 		var err error
-		if q, err = ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil); err != nil {
+		if q, err = ch.QueueDeclarePassive(tokenQueue(s.name), true, false, false, false, nil); err != nil {
 			return err
 		}
 		// The count may miss tokens being requeued at this instant (by the
@@ -196,7 +196,7 @@ func (s *Semaphore) takeReady(ctx context.Context, ch *channel) ([]amqp.Delivery
 			}
 		}
 		for ctx.Err() == nil { // once abandoned, take no more
-			d, ok, err := ch.Get(QueueName(s.name), false)
+			d, ok, err := ch.Get(tokenQueue(s.name), false)
 			if err != nil || !ok {
 				return err
 			}
@@ -206,7 +206,7 @@ func (s *Semaphore) takeReady(ctx context.Context, ch *channel) ([]amqp.Delivery
 	}, nil)
 	if err != nil {
 		if isCode(err, amqp.NotFound) {
-			return nil, 0, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+			return nil, 0, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, tokenQueue(s.name))
 		}
 		return nil, 0, wrapBrokerErr("census", err)
 	}
@@ -238,7 +238,7 @@ func (s *Semaphore) streamReady(ctx context.Context, ch *channel, counted int) (
 		return nil, err
 	}
 	tag := "tokensem-census-" + driver.NewToken(s.name, 0, 1).ID
-	deliveries, err := ch.Consume(QueueName(s.name), tag, false, false, false, false, nil)
+	deliveries, err := ch.Consume(tokenQueue(s.name), tag, false, false, false, false, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -364,12 +364,12 @@ func (s *Semaphore) Count(ctx context.Context) (tokensem.Count, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	err = s.c.rpc(rctx, ch, func() (err error) {
-		q, err = ch.QueueDeclarePassive(QueueName(s.name), true, false, false, false, nil)
+		q, err = ch.QueueDeclarePassive(tokenQueue(s.name), true, false, false, false, nil)
 		return err
 	}, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
-		return tokensem.Count{}, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, QueueName(s.name))
+		return tokensem.Count{}, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, tokenQueue(s.name))
 	case err != nil:
 		return tokensem.Count{}, wrapBrokerErr("count", err)
 	}

@@ -432,7 +432,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	// message should exist, and the counts lag (they do for a moment after a
 	// requeue, and while the queue elects a leader): try again. If it stays
 	// so, the message is gone (see errMissingRecord).
-	exists, err := s.queueExists(ctx, QueueName(s.name))
+	exists, err := s.queueExists(ctx, tokenQueue(s.name))
 	switch {
 	case err != nil:
 		return config{}, false, err

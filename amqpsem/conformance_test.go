@@ -96,7 +96,7 @@ func amqpBackend() semtest.Backend {
 			if err := ch.Confirm(false); err != nil {
 				t.Fatal(err)
 			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", amqpsem.QueueName(name), true, false,
+			dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", amqpsem.ResourcesOf(name).Queue, true, false,
 				amqp.Publishing{DeliveryMode: amqp.Persistent, Body: data})
 			if err != nil {
 				t.Fatal(err)

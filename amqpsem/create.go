@@ -62,7 +62,7 @@ func (s *Semaphore) create(ctx context.Context, permits int, prev *config, after
 	if err := s.declareClaims(ctx, ch, 0, permits); err != nil {
 		return config{}, err
 	}
-	q := QueueName(s.name)
+	q := tokenQueue(s.name)
 	err = s.c.rpc(ctx, ch, func() error {
 		if _, err := ch.QueueDeclare(q, true, false, false, false, tokenQueueArgs(s.opts.queueType, sess.version)); err != nil {
 			if isCode(err, amqp.PreconditionFailed) {

@@ -169,7 +169,7 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 // configuration. The wait starts over: a deleter that wrote the mark may
 // have died at any point of its own.
 func (s *Semaphore) finishDelete(ctx context.Context, cfg config) error {
-	queues := []string{QueueName(s.name)}
+	queues := []string{tokenQueue(s.name)}
 	for i := range cfg.slots() {
 		queues = append(queues, claimQueue(s.name, i))
 	}
@@ -269,7 +269,7 @@ func (s *Semaphore) tokensOut(ctx context.Context, cfg config) (bool, error) {
 	if cfg.QueueType != Quorum {
 		return true, nil
 	}
-	q, exists, err := s.queueInfo(ctx, QueueName(s.name))
+	q, exists, err := s.queueInfo(ctx, tokenQueue(s.name))
 	return !exists || q.Consumers > 0, err
 }
 
@@ -354,7 +354,7 @@ func (s *Semaphore) closeSlots(ctx context.Context, slots, refuse int) (release 
 // not known here: it is not durable, and goes with its node's next
 // restart.
 func (s *Semaphore) deleteQueues(ctx context.Context, slots int) (found bool, err error) {
-	queues := []string{configQueue(s.name), QueueName(s.name)}
+	queues := []string{configQueue(s.name), tokenQueue(s.name)}
 	durable := len(queues) // found says whether these existed
 	for i := range slots {
 		queues = append(queues, claimQueue(s.name, i))

@@ -182,7 +182,7 @@ func (s *Semaphore) checkSquatted(ctx context.Context, cfg config) error {
 	if cfg.QueueType != Quorum || cfg.Permits > fullClaimCensus {
 		return nil
 	}
-	info, _, err := s.queueInfo(ctx, QueueName(s.name))
+	info, _, err := s.queueInfo(ctx, tokenQueue(s.name))
 	if err != nil {
 		return err
 	}
@@ -516,7 +516,7 @@ func (inv *Inventory) publish(ctx context.Context, tok tokensem.Token) error {
 	if err != nil {
 		return err
 	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName(s.name), QueueName(s.name), true, false, amqp.Publishing{
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchangeName(s.name), tokenQueue(s.name), true, false, amqp.Publishing{
 		DeliveryMode: amqp.Persistent, ContentType: "text/plain", MessageId: tok.ID, Body: b,
 	})
 	if err != nil {
@@ -537,7 +537,7 @@ func (inv *Inventory) publishChannel(ctx context.Context) (*channel, error) {
 	if err != nil {
 		return nil, err
 	}
-	q := QueueName(inv.s.name)
+	q := tokenQueue(inv.s.name)
 	if err := inv.s.c.rpc(ctx, ch, func() error { return inv.s.bind(ch, q) }, nil); err != nil {
 		_ = ch.Close()
 		return nil, wrapBrokerErr("bind "+q+" to its exchange", err)

@@ -7,11 +7,28 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Queue names of a semaphore called name. Semaphore names cannot contain
-// '.', so these never collide across semaphores.
+// Resources names the broker resources of one semaphore: what an operator
+// grants rights on (docs/permissions-rabbitmq.md) and watches. Semaphore
+// names cannot contain '.', so no two semaphores' resources collide.
+type Resources struct {
+	Queue       string // the token queue
+	ConfigQueue string // the configuration queue
+	Exchange    string // every publish to the semaphore's queues goes through it
+	LockQueue   string // the exclusive queue of the creation lock, while it is held
+	ClaimPrefix string // a slot's claim queue is ClaimPrefix and the slot's index
+}
 
-// QueueName returns the token queue of semaphore name.
-func QueueName(name string) string { return "tokensem." + name }
+// ResourcesOf returns the resources of semaphore name. It does not check
+// the name.
+func ResourcesOf(name string) Resources {
+	return Resources{
+		Queue: tokenQueue(name), ConfigQueue: configQueue(name), Exchange: exchangeName(name),
+		LockQueue: lockQueue(name), ClaimPrefix: claimPrefix(name),
+	}
+}
+
+// tokenQueue returns the token queue of semaphore name.
+func tokenQueue(name string) string { return "tokensem." + name }
 
 // exchangeName returns the exchange every publish to semaphore name's
 // queues goes through (see bind): a user allowed to write to it reaches
@@ -21,8 +38,9 @@ func exchangeName(name string) string { return "tokensem." + name + ".x" }
 
 func configQueue(name string) string { return "tokensem." + name + ".cfg" }
 func lockQueue(name string) string   { return "tokensem." + name + ".lock" }
+func claimPrefix(name string) string { return "tokensem." + name + ".claim." }
 func claimQueue(name string, index int) string {
-	return "tokensem." + name + ".claim." + strconv.Itoa(index)
+	return claimPrefix(name) + strconv.Itoa(index)
 }
 
 // tokenQueueArgs returns the arguments of the token queue for a broker of

@@ -273,7 +273,7 @@ func (s *Semaphore) describe(ctx context.Context, name string) (tokensem.Info, e
 	case errors.Is(err, tokensem.ErrNotInitialized):
 		// A token queue without a configuration: a creation or a delete
 		// cut short, still there to be finished.
-		if exists, qerr := sem.queueExists(ctx, QueueName(name)); qerr != nil || exists {
+		if exists, qerr := sem.queueExists(ctx, tokenQueue(name)); qerr != nil || exists {
 			return info, qerr
 		}
 		return info, err

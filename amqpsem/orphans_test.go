@@ -18,7 +18,7 @@ import (
 func orphan(t *testing.T, n string) (giveBack func()) {
 	t.Helper()
 	ch := rawChannel(t)
-	if _, ok, err := ch.Get(amqpsem.QueueName(n), false); err != nil || !ok {
+	if _, ok, err := ch.Get(amqpsem.ResourcesOf(n).Queue, false); err != nil || !ok {
 		t.Fatalf("taking a token to orphan it: ok %v, %v", ok, err)
 	}
 	return func() { _ = ch.Close() }

@@ -302,7 +302,7 @@ func TestDeleteStopsWhenItsLockIsLost(t *testing.T) {
 		// Cut once the deletion of the queues is under way: the token
 		// queue goes before the claim queues.
 		deadline := time.Now().Add(30 * time.Second)
-		for queueExists(t, conn, amqpsem.QueueName(n)) {
+		for queueExists(t, conn, amqpsem.ResourcesOf(n).Queue) {
 			if time.Now().After(deadline) {
 				t.Fatal("the token queue was never deleted")
 			}
@@ -360,7 +360,7 @@ func TestReconcileStopsWhenItsLockIsLost(t *testing.T) {
 	holdLock(t, n)
 	ch := rawChannel(t)
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		q, err := ch.QueueDeclarePassive(amqpsem.QueueName(n), true, false, false, false, nil)
+		q, err := ch.QueueDeclarePassive(amqpsem.ResourcesOf(n).Queue, true, false, false, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

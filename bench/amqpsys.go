@@ -89,7 +89,7 @@ func (a *amqpSystem) Waiting(ctx context.Context, name string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	q, err := ch.QueueDeclarePassive(amqpsem.QueueName(name), true, false, false, false, nil)
+	q, err := ch.QueueDeclarePassive(amqpsem.ResourcesOf(name).Queue, true, false, false, false, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -105,10 +105,10 @@ func (a *amqpSystem) WaitersPerClient() int { return 1000 }
 func (a *amqpSystem) Cleanup(ctx context.Context, name string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	queues := []string{amqpsem.QueueName(name), amqpsem.QueueName(name) + ".config"}
+	queues := []string{amqpsem.ResourcesOf(name).Queue, amqpsem.ResourcesOf(name).Queue + ".config"}
 	a.touchMu.Lock()
 	for i := range a.touched[name] {
-		queues = append(queues, amqpsem.QueueName(name)+".claim."+strconv.Itoa(i))
+		queues = append(queues, amqpsem.ResourcesOf(name).Queue+".claim."+strconv.Itoa(i))
 	}
 	delete(a.touched, name)
 	a.touchMu.Unlock()

@@ -344,7 +344,7 @@ func TestChaosAMQPCluster(t *testing.T) {
 		"kill":   r.kill,
 		"freeze": func() { r.freeze(4 * time.Second) },
 		"node-loss": func() {
-			leader, err := c.Leader(amqpsem.QueueName(name))
+			leader, err := c.Leader(amqpsem.ResourcesOf(name).Queue)
 			if err != nil {
 				t.Fatalf("token queue leader: %v", err)
 			}

@@ -670,7 +670,7 @@ func (a *amqpAdmin) loseClaim(_ context.Context, slot int) error {
 		return err
 	}
 	defer ch.Close()
-	q := amqpsem.QueueName(a.name) + ".claim." + strconv.Itoa(slot)
+	q := amqpsem.ResourcesOf(a.name).Queue + ".claim." + strconv.Itoa(slot)
 	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 		return fmt.Errorf("delete %s: %w", q, err)
 	}

@@ -152,7 +152,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 			if err := ch.Confirm(false); err != nil {
 				t.Fatal(err)
 			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(bounded(t), "", amqpsem.QueueName(name), true, false,
+			dc, err := ch.PublishWithDeferredConfirmWithContext(bounded(t), "", amqpsem.ResourcesOf(name).Queue, true, false,
 				amqp.Publishing{DeliveryMode: amqp.Persistent, Body: b})
 			if err != nil {
 				t.Fatal(err)
@@ -169,7 +169,7 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 			}
 			defer ch.Close() // requeues the others
 			for {
-				d, ok, err := ch.Get(amqpsem.QueueName(name), false)
+				d, ok, err := ch.Get(amqpsem.ResourcesOf(name).Queue, false)
 				if err != nil || !ok {
 					t.Fatalf("no ready token of slot %d (%v)", index, err)
 				}
@@ -565,7 +565,7 @@ func BenchmarkCensus10kAMQP(b *testing.B) {
 			b.Fatal(err)
 		}
 		for range 100 { // lose 100 tokens
-			d, ok, err := ch.Get(amqpsem.QueueName(f.name), false)
+			d, ok, err := ch.Get(amqpsem.ResourcesOf(f.name).Queue, false)
 			if err != nil || !ok {
 				b.Fatal(ok, err)
 			}
