@@ -12,7 +12,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
-	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/stored"
@@ -101,16 +100,6 @@ func (c config) holdWait() time.Duration { return c.holdBound() + c.holdBound()/
 
 // issued reports whether slot index has had a token in this life.
 func (c config) issued(index int) bool { return c.Issued == 0 || index < c.Issued }
-
-// classify is driver.Classify with the slot's current token: a token
-// of a reissued slot other than the one Reissued names is retired.
-func (s *Semaphore) classify(cfg config, body []byte) driver.Entry {
-	e := driver.Classify(s.codec, s.name, cfg.Permits, cfg.Epoch, body)
-	if r, ok := cfg.Reissued[e.Token.Index]; ok && e.Valid && r.ID != e.Token.ID {
-		e.Valid, e.Reason = false, "retired"
-	}
-	return e
-}
 
 // fenceBase returns the fence base of tok under cfg: its slot's reissue
 // entry's, or the life's.
