@@ -28,11 +28,7 @@ import (
 // Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrNotInitialized (the
 // token queue is gone), or a broker error that waiting cannot cure.
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
-	p, err := s.acquire(ctx, false)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+	return semopts.Acquire(ctx, s.opts.Observer, s.name, s.Permits, false, s.take)
 }
 
 // TryAcquire takes a free permit with one basic.get, or returns
@@ -44,11 +40,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 // Errors: tokensem.ErrNoPermit, tokensem.ErrClosed, ctx.Err(), or a wrapped
 // broker error.
 func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
-	p, err := s.acquire(ctx, true)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+	return semopts.Acquire(ctx, s.opts.Observer, s.name, s.Permits, true, s.take)
 }
 
 const maxTryDeliveries = 16
@@ -59,20 +51,11 @@ type errRetry struct{ backoff bool }
 
 func (e errRetry) Error() string { return "amqpsem: retry" }
 
-// acquire is Acquire (noWait false) or TryAcquire, reported to the
-// observer.
-//
-// Once ctx has ended, a failed call returns ctx.Err() itself, whatever
-// step it cut short; every step is bounded by ctx (channel opens and
-// closes included), so the call returns promptly after ctx ends.
-func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
-	start := time.Now()
-	p, err := s.take(ctx, noWait)
-	err = ctxErr(ctx, err)
-	semopts.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
-	return p, err
-}
-
+// take is Acquire (noWait false) or TryAcquire (see semopts.Acquire, which
+// reports it to the observer and returns ctx.Err() itself once ctx has
+// ended, whatever step it cut short); every step is bounded by ctx
+// (channel opens and closes included), so the call returns promptly after
+// ctx ends.
 func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

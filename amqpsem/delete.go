@@ -12,6 +12,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
+	"github.com/tokensem/tokensem/internal/ctxerr"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/weighted"
 )
@@ -83,7 +84,7 @@ func deleteNamed(ctx context.Context, c *Conn, name string, force bool) error {
 	defer s.Close()
 	err = backoff.Removal(func(step func() error) error { return s.retryLocking(ctx, "delete", step) },
 		tokensem.ErrNotInitialized, func(removed *bool) error { return s.delete(ctx, force, removed) })
-	return ctxErr(ctx, err)
+	return ctxerr.After(ctx, err)
 }
 
 func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error {

@@ -13,6 +13,7 @@ import (
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/cfgcache"
+	"github.com/tokensem/tokensem/internal/ctxerr"
 	"github.com/tokensem/tokensem/internal/weighted"
 )
 
@@ -82,7 +83,7 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 func (s *Semaphore) init(ctx context.Context, permits int) (*Semaphore, error) {
 	cfg, err := s.initLocked(ctx, permits)
 	if err != nil {
-		return nil, ctxErr(ctx, err)
+		return nil, ctxerr.After(ctx, err)
 	}
 	s.setConfig(cfg)
 	return s, nil
@@ -147,7 +148,7 @@ func Open(ctx context.Context, c *Conn, name string, opts ...Option) (*Semaphore
 func (s *Semaphore) open(ctx context.Context) (*Semaphore, error) {
 	cfg, err := s.readConfig(ctx)
 	if err != nil {
-		return nil, ctxErr(ctx, err)
+		return nil, ctxerr.After(ctx, err)
 	}
 	if err := s.codec.CheckKey(s.name, cfg.KeyCheck); err != nil {
 		return nil, err
@@ -169,15 +170,6 @@ func (s *Semaphore) checkHoldBound(cfg config) error {
 			tokensem.ErrInvalidOption, s.c.heartbeat, b, cfg.holdBound(), s.name, heartbeatFor(cfg.holdBound()))
 	}
 	return nil
-}
-
-// ctxErr returns ctx.Err() itself once ctx has ended, else err: a call
-// that ctx cut short reports that, not the step it cut.
-func ctxErr(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil && err != nil {
-		return cerr
-	}
-	return err
 }
 
 // setConfig caches cfg, dated by when its read began (one this client

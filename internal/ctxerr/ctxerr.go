@@ -27,3 +27,15 @@ func Ended(ctx context.Context, err error) error {
 	}
 	return err
 }
+
+// After returns ctx.Err() in place of any error once ctx has ended, and err
+// as it is otherwise. It is the rule of a call whose every step is bounded
+// by ctx (a backend's Acquire, Init, Open, Delete): whatever step the end
+// of ctx cut short, a channel closed under it or a round trip abandoned,
+// the caller sees ctx.Err() itself.
+func After(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && err != nil {
+		return cerr
+	}
+	return err
+}
