@@ -2,11 +2,13 @@ package natssem_test
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
 	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -358,4 +360,240 @@ func delayProxy(b *testing.B, target string, delay time.Duration) string {
 		}
 	})
 	return ln.Addr().String()
+}
+
+// BenchmarkHandoffVsBare times, alternating in one loop, natssem's handoff
+// to a running waiter (as BenchmarkHandoff, released as soon as the server
+// counts the waiter) and the same protocol played bare with plain nats.go
+// (as bench/natsproto.go plays it: the releaser's compare-and-set of the
+// slot record and its Nak, the push to the waiting pull, the waiter's read
+// of the record and its compare-and-set), so that both see the same
+// machine. It reports each median and their ratio: what the library costs
+// on top of its protocol.
+func BenchmarkHandoffVsBare(b *testing.B) {
+	ctx := context.Background()
+	const name = "bench-vsbare"
+	a, err := natssem.Init(ctx, connect(b, srv.Addr().String()), name, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Close()
+	w, err := natssem.Open(ctx, connect(b, srv.Addr().String()), name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Close()
+	js, err := jetstream.New(connect(b, srv.Addr().String()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	consumer, err := js.Consumer(ctx, natssem.ResourcesOf(name, "").Stream, "holders")
+	if err != nil {
+		b.Fatal(err)
+	}
+	bare := newBareKV(b, js)
+	waiting := func(c jetstream.Consumer) func() bool {
+		return func() bool {
+			info, err := c.Info(ctx)
+			return err == nil && info.NumWaiting >= 1
+		}
+	}
+	var lib, raw []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		// natssem
+		held, err := a.Acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		type got struct {
+			release func() error
+			at      time.Time
+			err     error
+		}
+		ch := make(chan got, 1)
+		go func() {
+			p, err := w.Acquire(ctx)
+			g := got{at: time.Now(), err: err}
+			if p != nil {
+				g.release = func() error { return p.Release(ctx) }
+			}
+			ch <- g
+		}()
+		poll(b, waiting(consumer))
+		b.StartTimer()
+		t0 := time.Now()
+		if err := held.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		g := <-ch
+		b.StopTimer()
+		if g.err != nil {
+			b.Fatal(g.err)
+		}
+		lib = append(lib, g.at.Sub(t0))
+		if err := g.release(); err != nil {
+			b.Fatal(err)
+		}
+		// the protocol bare
+		h, err := bare.acquire(bare.holder)
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			wh, err := bare.acquire(bare.waiter)
+			g := got{at: time.Now(), err: err}
+			g.release = func() error { return bare.release(bare.waiter, wh) }
+			ch <- g
+		}()
+		poll(b, waiting(bare.cons))
+		b.StartTimer()
+		t0 = time.Now()
+		if err := bare.release(bare.holder, h); err != nil {
+			b.Fatal(err)
+		}
+		g = <-ch
+		b.StopTimer()
+		if g.err != nil {
+			b.Fatal(g.err)
+		}
+		raw = append(raw, g.at.Sub(t0))
+		if err := g.release(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	l50, r50 := benchtest.Percentile(lib, 0.5), benchtest.Percentile(raw, 0.5)
+	b.ReportMetric(float64(l50.Microseconds()), "natssem-p50-µs")
+	b.ReportMetric(float64(r50.Microseconds()), "bare-p50-µs")
+	b.ReportMetric(float64(l50)/float64(r50), "natssem/bare")
+}
+
+// poll calls cond every 100 µs until it holds, for at most 10 s.
+func poll(b *testing.B, cond func() bool) {
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			b.Fatal("waiter never queued")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// bareKV is natssem's protocol with plain nats.go, one slot: a token in a
+// work-queue stream, the slot's holder a record in a KV bucket, a waiter
+// one pull at a time on an inbox of its own.
+type bareKV struct {
+	b              *testing.B
+	cons           jetstream.Consumer
+	holder, waiter *barePuller
+}
+
+type barePuller struct {
+	nc    *nats.Conn
+	sub   *nats.Subscription
+	inbox string
+}
+
+const (
+	bareBucket = "bench_bare"
+	bareKey    = "$KV." + bareBucket + ".slot.0"
+)
+
+func newBareKV(b *testing.B, js jetstream.JetStream) *bareKV {
+	ctx := context.Background()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bareBucket, History: 1, Storage: jetstream.FileStorage}); err != nil {
+		b.Fatal(err)
+	}
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_BARE", Subjects: []string{"bench.bare"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "holders", AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: time.Minute, MaxWaiting: 512})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "bench.bare", []byte("0")); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = js.DeleteStream(ctx, "BENCH_BARE")
+		_ = js.DeleteKeyValue(ctx, bareBucket)
+	})
+	puller := func() *barePuller {
+		nc := connect(b, srv.Addr().String())
+		inbox := nc.NewInbox()
+		sub, err := nc.SubscribeSync(inbox)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return &barePuller{nc: nc, sub: sub, inbox: inbox}
+	}
+	return &bareKV{b: b, cons: cons, holder: puller(), waiter: puller()}
+}
+
+type bareHeld struct {
+	m     *nats.Msg
+	claim uint64
+}
+
+// acquire pulls the token, reads the slot record and takes it by
+// compare-and-set.
+func (k *bareKV) acquire(p *barePuller) (bareHeld, error) {
+	req := []byte(`{"batch":1,"expires":5000000000}`)
+	if err := p.nc.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.BENCH_BARE.holders", p.inbox, req); err != nil {
+		return bareHeld{}, err
+	}
+	m, err := p.sub.NextMsg(10 * time.Second)
+	if err != nil {
+		return bareHeld{}, err
+	}
+	if st := m.Header.Get("Status"); st != "" {
+		return bareHeld{}, fmt.Errorf("pull answered %s", st)
+	}
+	r, err := p.nc.Request("$JS.API.DIRECT.GET.KV_"+bareBucket, []byte(`{"last_by_subj":"`+bareKey+`"}`), 5*time.Second)
+	if err != nil {
+		return bareHeld{}, err
+	}
+	var rev uint64
+	if r.Header.Get("Status") == "" {
+		if rev, err = strconv.ParseUint(r.Header.Get("Nats-Sequence"), 10, 64); err != nil {
+			return bareHeld{}, err
+		}
+	}
+	claim, err := bareCAS(p.nc, rev, []byte(`{"h":"bench"}`))
+	if err != nil {
+		return bareHeld{}, err
+	}
+	return bareHeld{m: m, claim: claim}, nil
+}
+
+// release writes the record free by compare-and-set, then Naks the token.
+func (k *bareKV) release(p *barePuller, h bareHeld) error {
+	if _, err := bareCAS(p.nc, h.claim, []byte(`{}`)); err != nil {
+		return err
+	}
+	return h.m.Nak()
+}
+
+func bareCAS(nc *nats.Conn, last uint64, body []byte) (uint64, error) {
+	m := nats.NewMsg(bareKey)
+	m.Data = body
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(last, 10))
+	r, err := nc.RequestMsg(m, 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	var ack struct {
+		Seq   uint64              `json:"seq"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(r.Data, &ack); err != nil {
+		return 0, err
+	}
+	if ack.Error != nil {
+		return 0, ack.Error
+	}
+	return ack.Seq, nil
 }

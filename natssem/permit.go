@@ -39,7 +39,12 @@ type Permit struct {
 	deadline time.Time
 	ctx      context.Context // cancelled when Release stops the renewals
 	stop     context.CancelFunc
-	exited   chan struct{}
+	// start runs the renewals (run) when the first is due: until then a
+	// permit is a timer, not a goroutine, and a Release before it (most
+	// holds are shorter than a third of the lease) neither starts a
+	// goroutine nor waits for one to end.
+	start  *time.Timer
+	exited chan struct{} // closed when run has returned, or will never run
 }
 
 // newPermit starts the life of a permit whose claim write (d.rec, sent at
@@ -55,7 +60,9 @@ func (s *Semaphore) newPermit(d delivery, rev uint64, lease time.Duration) *Perm
 		p.lose(errLeaseExpired)
 	}
 	s.log.Debug("permit acquired", "index", d.tok.Index, "fence", rev)
-	go p.run()
+	// The first renewal is due a renewal interval after the claim write
+	// was sent, however long the claim took to answer.
+	p.start = time.AfterFunc(time.Until(d.sent.Add(renewEvery(lease))), p.run)
 	return p
 }
 
@@ -84,9 +91,11 @@ func (p *Permit) Deadline() time.Time {
 func (p *Permit) run() {
 	defer close(p.exited)
 	defer p.stop()
+	if p.ctx.Err() != nil {
+		return // Release came first
+	}
 	interval, retry := renewEvery(p.lease), retryEvery(p.lease)
-	// The first renewal is due a renewal interval after the claim write
-	// was sent, however long the claim took to answer.
+	// Started when the first renewal is due (newPermit): at once.
 	renew := time.NewTimer(time.Until(p.d.sent.Add(interval)))
 	defer renew.Stop()
 	expire := time.NewTimer(time.Until(p.Deadline()))
@@ -244,6 +253,9 @@ func (p *Permit) Release(ctx context.Context) error {
 		return err
 	}
 	p.stop()
+	if p.start.Stop() {
+		close(p.exited) // the renewals never started, and now never will
+	}
 	<-p.exited
 	if err := p.Err(); err != nil {
 		return err // lost while the renewals stopped
