@@ -2,36 +2,21 @@ package amqpsem
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
 )
 
-// admit checks a delivered token against the configuration, as
-// driver.Admit does, and against its slot's current token (see
-// classify): a token that is not a current one of this semaphore is an
-// error wrapping driver.ErrNotCurrent. One that looks retired is
-// checked again against the configuration read afresh: a resize may have
-// grown the semaphore, a repair named it current, or it belongs to a new
-// life of the semaphore (a new epoch), which only the configuration of its
-// own life may admit. It returns the configuration it checked against.
+// admit applies driver.Admit to a delivered token, judged by classify
+// (the slot's current token too) against the cached configuration or,
+// when it looks retired, one read afresh: only the configuration of its
+// own life may admit it. It returns the token and the configuration it
+// was admitted by, or an error wrapping driver.ErrNotCurrent.
 func (s *Semaphore) admit(ctx context.Context, body []byte) (tokensem.Token, config, error) {
-	cfg, err := s.freshConfig(ctx)
-	if err != nil {
-		return tokensem.Token{}, config{}, err
-	}
-	e := s.classify(cfg, body)
-	if e.Reason == "retired" {
-		if cfg, err = s.refreshConfig(ctx); err != nil {
-			return tokensem.Token{}, config{}, err
-		}
-		e = s.classify(cfg, body)
-	}
-	if !e.Valid {
-		return e.Token, config{}, fmt.Errorf("%w: %s token %s", driver.ErrNotCurrent, e.Reason, e.Token)
-	}
-	return e.Token, cfg, nil
+	return driver.Admit(
+		func() (config, error) { return s.freshConfig(ctx) },
+		func() (config, error) { return s.refreshConfig(ctx) },
+		func(c config) driver.Entry { return s.classify(c, body) })
 }
 
 // classify is driver.Classify with the slot's current token: a token

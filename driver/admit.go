@@ -28,27 +28,33 @@ func Classify(codec Codec, semaphore string, permits int, epoch uint64, data []b
 	}
 }
 
-// Admit checks a token delivered to an acquirer, as Classify does, but
-// checks a token that looks retired once more against a definition read
-// afresh: a resize may have grown the semaphore since the caller's copy was
-// read, and a token discarded for that would be lost. def returns the
-// semaphore's permits and epoch, re-read from the broker when fresh is
-// set. It returns the token when it is a current one, an error wrapping
-// ErrNotCurrent with the reason when it is not, or def's error.
-func Admit(codec Codec, semaphore string, data []byte, def func(fresh bool) (permits int, epoch uint64, err error)) (tokensem.Token, error) {
-	permits, epoch, err := def(false)
+// Admit is the admission rule every backend applies to a delivered token
+// before it claims the token's slot, C being the backend's configuration.
+// judge classifies the token against a configuration (as Classify does,
+// plus any rule of the backend's own); cached returns the configuration at
+// hand, read returns one read from the broker. A token that looks retired
+// under the cached configuration is judged once more against one read
+// afresh: a resize may have grown the semaphore, a repair named the token
+// current, or a new life of the semaphore begun since the cached copy was
+// read, and a token discarded for that would be lost. Admit returns the
+// token and the configuration that admitted it, an error wrapping
+// ErrNotCurrent with the reason when the token is not a current one, or
+// the error of a read.
+func Admit[C any](cached, read func() (C, error), judge func(C) Entry) (tokensem.Token, C, error) {
+	var none C
+	cfg, err := cached()
 	if err != nil {
-		return tokensem.Token{}, err
+		return tokensem.Token{}, none, err
 	}
-	e := Classify(codec, semaphore, permits, epoch, data)
+	e := judge(cfg)
 	if e.Reason == "retired" {
-		if permits, epoch, err = def(true); err != nil {
-			return tokensem.Token{}, err
+		if cfg, err = read(); err != nil {
+			return tokensem.Token{}, none, err
 		}
-		e = Classify(codec, semaphore, permits, epoch, data)
+		e = judge(cfg)
 	}
 	if !e.Valid {
-		return tokensem.Token{}, fmt.Errorf("%w: %s token %s", ErrNotCurrent, e.Reason, e.Token)
+		return tokensem.Token{}, none, fmt.Errorf("%w: %s token %s", ErrNotCurrent, e.Reason, e.Token)
 	}
-	return e.Token, nil
+	return e.Token, cfg, nil
 }

@@ -42,16 +42,10 @@ func (s *Semaphore) deliver(ctx context.Context, gaveUp <-chan struct{}, m *nats
 // token that is not a current one of this semaphore is an error wrapping
 // driver.ErrNotCurrent.
 func (s *Semaphore) admit(ctx context.Context, data []byte) (tokensem.Token, config, error) {
-	var cfg config
-	tok, err := driver.Admit(s.codec, s.name, data, func(fresh bool) (int, uint64, error) {
-		read := s.freshConfig
-		if fresh {
-			read = s.refreshConfig
-		}
-		c, err := read(ctx)
-		cfg = c
-		return c.Permits, c.Epoch, err
-	})
+	tok, cfg, err := driver.Admit(
+		func() (config, error) { return s.freshConfig(ctx) },
+		func() (config, error) { return s.refreshConfig(ctx) },
+		func(c config) driver.Entry { return driver.Classify(s.codec, s.name, c.Permits, c.Epoch, data) })
 	if err != nil {
 		return tokensem.Token{}, config{}, err
 	}
