@@ -15,8 +15,7 @@ func SplitRelease(ctx context.Context, tp tokensem.Permit) (nak func() error, er
 	if err := p.life.BeginRelease(); err != nil {
 		return nil, err
 	}
-	p.stop()
-	<-p.exited
+	p.stopRenewals()
 	if err := p.free(ctx); err != nil {
 		p.lose(err)
 		return nil, p.Err()

@@ -237,6 +237,16 @@ func (p *Permit) lose(cause error) {
 	}
 }
 
+// stopRenewals stops the renewals for good and returns once none runs:
+// after it, nothing of this permit writes its record but the caller.
+func (p *Permit) stopRenewals() {
+	p.stop()
+	if p.start.Stop() {
+		close(p.exited) // the renewals never started, and now never will
+	}
+	<-p.exited
+}
+
 // Release frees the slot record by compare-and-set and only then hands the
 // token to the next waiter (Nak). A permit that was lost is not touched: its
 // token may already belong to someone else. A broker that does not answer
@@ -252,11 +262,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	if err := p.life.BeginRelease(); err != nil {
 		return err
 	}
-	p.stop()
-	if p.start.Stop() {
-		close(p.exited) // the renewals never started, and now never will
-	}
-	<-p.exited
+	p.stopRenewals()
 	if err := p.Err(); err != nil {
 		return err // lost while the renewals stopped
 	}

@@ -59,7 +59,7 @@ func TestWaiterAwaitsALateRelease(t *testing.T) {
 	defer b.Close()
 	b.releaseWait = lease / 4 // the held-back write must not outlast the wait
 
-	p, err := a.acquire(ctx, false)
+	p, err := a.take(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestWaiterAwaitsALateRelease(t *testing.T) {
 		// record gets the token in time.
 		wctx, cancel := context.WithTimeout(ctx, lease/2)
 		defer cancel()
-		pb, err := b.acquire(wctx, false)
+		pb, err := b.take(wctx, false)
 		got <- result{pb, err}
 	}()
 	for {
@@ -88,8 +88,7 @@ func TestWaiterAwaitsALateRelease(t *testing.T) {
 	}
 
 	// A release whose free write is not visible yet when its token arrives.
-	p.stop()
-	<-p.exited
+	p.stopRenewals()
 	if err := a.nc.Publish(p.d.reply, ackNak); err != nil {
 		t.Fatal(err)
 	}
