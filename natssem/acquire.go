@@ -31,11 +31,7 @@ import (
 // subjects, named in the error), or a broker error that waiting cannot
 // cure (wrapping tokensem.ErrUnavailable).
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
-	p, err := s.acquire(ctx, false)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+	return semopts.Acquire(ctx, s.opts.Observer, s.name, s.Permits, false, s.take)
 }
 
 // TryAcquire takes a free permit or returns tokensem.ErrNoPermit at once.
@@ -44,11 +40,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 // tokensem.ErrPermissionDenied, or a broker error (wrapping
 // tokensem.ErrUnavailable).
 func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
-	p, err := s.acquire(ctx, true)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+	return semopts.Acquire(ctx, s.opts.Observer, s.name, s.Permits, true, s.take)
 }
 
 // maxTryDeliveries bounds how many unusable deliveries (junk, duplicates,
@@ -56,15 +48,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (tokensem.Permit, error) {
 // promised to a pull queued ahead, TryAcquire looks past before giving up.
 const maxTryDeliveries = 16
 
-// acquire is Acquire (noWait false) or TryAcquire, reported to the
-// observer.
-func (s *Semaphore) acquire(ctx context.Context, noWait bool) (*Permit, error) {
-	start := time.Now()
-	p, err := s.take(ctx, noWait)
-	semopts.ObserveAcquire(s.opts.Observer, s.name, s.Permits(), start, err)
-	return p, err
-}
-
+// take is Acquire (noWait false) or TryAcquire (see semopts.Acquire, which
+// reports it to the observer).
 func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
