@@ -183,11 +183,10 @@ func (s *Semaphore) setConfig(cfg config) {
 	s.cfg.SetAt(cfg, at)
 }
 
-// configTTL is how long an acquirer trusts the configuration it read,
-// counted from when its read began: every client admits by a configuration
-// written at time t from t + configTTL on (a resize's permit count, a
-// repair's current token of a slot).
-const configTTL = 2 * time.Second
+// configTTL is how long an acquirer trusts the configuration it read
+// (driver.ConfigTTL): a repair waits it out before it issues a slot's new
+// current token.
+const configTTL = driver.ConfigTTL
 
 // freshConfig returns the configuration, re-reading it when the read it
 // came from began configTTL ago or more.

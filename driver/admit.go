@@ -3,6 +3,7 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tokensem/tokensem"
 )
@@ -58,3 +59,11 @@ func Admit[C any](cached, read func() (C, error), judge func(C) Entry) (tokensem
 	}
 	return e.Token, cfg, nil
 }
+
+// ConfigTTL is how long an acquirer may admit tokens by a configuration it
+// read, counted from when its read began: every client of a semaphore
+// admits by a configuration written at time t from t + ConfigTTL on (a
+// resize's permit count, a repair's current token of a slot). Resize and
+// repair rest on it; a backend may trust a configuration longer only on
+// proof that it has not changed (natssem's group generation).
+const ConfigTTL = 2 * time.Second

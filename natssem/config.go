@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/stored"
 )
@@ -136,11 +137,10 @@ func (s *Semaphore) refreshConfig(ctx context.Context) (config, error) {
 
 func (s *Semaphore) setConfig(cfg config) { s.cfg.Set(cfg) }
 
-// configTTL is how long an acquirer trusts the configuration it read: after
-// a resize, every client admits by the new permit count within this long.
-// A key of a group trusts it longer while the group's generation vouches
-// for it (generation.go).
-const configTTL = 2 * time.Second
+// configTTL is how long an acquirer trusts the configuration it read
+// (driver.ConfigTTL). A key of a group trusts it longer while the group's
+// generation vouches for it (generation.go).
+const configTTL = driver.ConfigTTL
 
 // cachedConfig returns the cached configuration, its age, and whether the
 // group's generation may vouch for it at that age (the one place that
