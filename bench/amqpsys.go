@@ -100,15 +100,17 @@ func (a *amqpSystem) Waiting(ctx context.Context, name string) (int, error) {
 // default channel_max is 2047 per connection.
 func (a *amqpSystem) WaitersPerClient() int { return 1000 }
 
-// Cleanup deletes the token queue, the config queue and the claim queues
-// of the slots the run held (claim queues are not auto-deleted).
+// Cleanup deletes the token queue, the configuration queue, the claim
+// queues of the slots the run held (claim queues are not auto-deleted) and
+// the exchange.
 func (a *amqpSystem) Cleanup(ctx context.Context, name string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	queues := []string{amqpsem.ResourcesOf(name).Queue, amqpsem.ResourcesOf(name).Queue + ".config"}
+	r := amqpsem.ResourcesOf(name)
+	queues := []string{r.Queue, r.ConfigQueue}
 	a.touchMu.Lock()
 	for i := range a.touched[name] {
-		queues = append(queues, amqpsem.ResourcesOf(name).Queue+".claim."+strconv.Itoa(i))
+		queues = append(queues, r.ClaimPrefix+strconv.Itoa(i))
 	}
 	delete(a.touched, name)
 	a.touchMu.Unlock()
@@ -118,6 +120,9 @@ func (a *amqpSystem) Cleanup(ctx context.Context, name string) {
 			return
 		}
 		_, _ = ch.QueueDelete(q, false, false, false)
+	}
+	if ch, err := a.channel(); err == nil {
+		_ = ch.ExchangeDelete(r.Exchange, false, false)
 	}
 }
 
