@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -193,5 +194,33 @@ func TestInitLeaseMismatch(t *testing.T) {
 	}
 	if s.Lease() != 4*time.Second {
 		t.Fatalf("Init without WithLease: lease %v, want the stored 4s", s.Lease())
+	}
+}
+
+// TestLatePermitRenewsNothing: a permit made after its deadline (a claim
+// answered, then the process frozen before the permit was made) is lost
+// before it is returned, and nothing of it may renew its slot record
+// afterwards: its holder was told it holds nothing, and a renewal would keep
+// the slot from everyone until the record fell silent, or for ever if the
+// renewals went on.
+func TestLatePermitRenewsNothing(t *testing.T) {
+	srv := startServer(t)
+	s, err := Init(testContext(t), dial(t, srv), "late-permit", 1, WithLease(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d := delivery{tok: driver.NewToken(s.name, 0, 1), sent: time.Now().Add(-time.Minute)}
+	p := s.newPermit(d, 1, 2*time.Second)
+	if p.Err() == nil {
+		t.Fatal("a permit made after its deadline is held")
+	}
+	select {
+	case <-p.exited:
+	default:
+		t.Fatal("a permit lost at birth has renewals to come")
+	}
+	if p.ctx.Err() == nil {
+		t.Fatal("a permit lost at birth may still write its record")
 	}
 }

@@ -43,7 +43,7 @@ type Permit struct {
 	// permit is a timer, not a goroutine, and a Release before it (most
 	// holds are shorter than a third of the lease) neither starts a
 	// goroutine nor waits for one to end.
-	start  *time.Timer
+	start  *time.Timer   // nil for a permit lost as it was made
 	exited chan struct{} // closed when run has returned, or will never run
 }
 
@@ -57,7 +57,13 @@ func (s *Semaphore) newPermit(d delivery, rev uint64, lease time.Duration) *Perm
 	}
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	if !time.Now().Before(p.deadline) {
+		// Lost before it is returned: its holder is told so, and nothing
+		// of it renews the record (a renewal racing the deadline's
+		// timer could win and renew a permit nobody holds).
 		p.lose(errLeaseExpired)
+		p.stop()
+		close(p.exited)
+		return p
 	}
 	s.log.Debug("permit acquired", "index", d.tok.Index, "fence", rev)
 	// The first renewal is due a renewal interval after the claim write
@@ -241,7 +247,7 @@ func (p *Permit) lose(cause error) {
 // after it, nothing of this permit writes its record but the caller.
 func (p *Permit) stopRenewals() {
 	p.stop()
-	if p.start.Stop() {
+	if p.start != nil && p.start.Stop() {
 		close(p.exited) // the renewals never started, and now never will
 	}
 	<-p.exited
