@@ -174,7 +174,6 @@ func (a *acquisition) await(ctx context.Context) (*Permit, error) {
 			w.lost()
 			return nil, nil
 		case m := <-w.ch:
-			reserveStack() // before the claim: see there
 			a.timer.Reset(2 * s.opts.heartbeat)
 			w.ended(m) // a token or a final status ends a pull
 			if p, waitOn, err := a.answer(ctx, m); !waitOn {
@@ -233,6 +232,7 @@ func (a *acquisition) answer(ctx context.Context, m *nats.Msg) (p *Permit, waitO
 // A claim is short and runs to its end even if ctx ends meanwhile: its
 // outcome must be known.
 func (a *acquisition) delivered(ctx context.Context, m *nats.Msg) (*Permit, error) {
+	reserveStack() // before the claim: see there
 	s := a.s
 	a.unanswered = time.Time{}
 	gaveUp := ctx.Done()
@@ -371,7 +371,8 @@ const claimStack = 8 << 10
 // protocol). Grown here, the copy holds only the acquisition's few frames;
 // on a stack that is large enough already, this costs a bounds check and
 // the zeroing of room. It is called as a message reaches the waiting
-// call, not before the pull: a caller that waits keeps the small stack.
+// call with a token, not before the pull (a caller that waits keeps the
+// small stack) nor for a heartbeat or a status.
 //
 //go:noinline
 func reserveStack() {
