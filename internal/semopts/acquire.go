@@ -18,7 +18,9 @@ func Acquire[P tokensem.Permit](ctx context.Context, o tokensem.Observer, name s
 	start := time.Now()
 	p, err := take(ctx, noWait)
 	err = ctxerr.After(ctx, err)
-	ObserveAcquire(o, name, permits(), start, err)
+	if o != nil { // permits reads the configuration cache: not for nobody
+		ObserveAcquire(o, name, permits(), start, err)
+	}
 	if err != nil {
 		return nil, err
 	}
