@@ -76,28 +76,36 @@ func BenchmarkCycle(b *testing.B) {
 	b.ReportMetric(float64(p50)/float64(rtt), "p50/rtt")
 }
 
+// handoffPair makes semaphore name of one permit with a holder's handle
+// and a waiter's, each on a connection of its own, and the token
+// consumer as a third connection sees it (to tell when the waiter is
+// queued). The handles close with the benchmark.
+func handoffPair(b *testing.B, name string) (holder, waiter *natssem.Semaphore, js jetstream.JetStream, consumer jetstream.Consumer) {
+	ctx := context.Background()
+	holder, err := natssem.Init(ctx, connect(b, srv.Addr().String()), name, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = holder.Close() })
+	waiter, err = natssem.Open(ctx, connect(b, srv.Addr().String()), name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = waiter.Close() })
+	if js, err = jetstream.New(connect(b, srv.Addr().String())); err != nil {
+		b.Fatal(err)
+	}
+	if consumer, err = js.Consumer(ctx, natssem.ResourcesOf(name, "").Stream, "holders"); err != nil {
+		b.Fatal(err)
+	}
+	return holder, waiter, js, consumer
+}
+
 // BenchmarkHandoff measures release → a waiter blocked on another
 // connection holding the permit.
 func BenchmarkHandoff(b *testing.B) {
 	ctx := context.Background()
-	a, err := natssem.Init(ctx, connect(b, srv.Addr().String()), "bench-handoff", 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Close()
-	w, err := natssem.Open(ctx, connect(b, srv.Addr().String()), "bench-handoff")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
-	js, err := jetstream.New(connect(b, srv.Addr().String()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	consumer, err := js.Consumer(ctx, natssem.ResourcesOf("bench-handoff", "").Stream, "holders")
-	if err != nil {
-		b.Fatal(err)
-	}
+	a, w, _, consumer := handoffPair(b, "bench-handoff")
 	// Consumer info only: a Status census would create and delete a KV
 	// watcher, work the server would still be doing in the timed section.
 	benchtest.BenchHandoff(b, a, w, nil, func() bool {
@@ -373,24 +381,7 @@ func delayProxy(b *testing.B, target string, delay time.Duration) string {
 func BenchmarkHandoffVsBare(b *testing.B) {
 	ctx := context.Background()
 	const name = "bench-vsbare"
-	a, err := natssem.Init(ctx, connect(b, srv.Addr().String()), name, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Close()
-	w, err := natssem.Open(ctx, connect(b, srv.Addr().String()), name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer w.Close()
-	js, err := jetstream.New(connect(b, srv.Addr().String()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	consumer, err := js.Consumer(ctx, natssem.ResourcesOf(name, "").Stream, "holders")
-	if err != nil {
-		b.Fatal(err)
-	}
+	a, w, js, consumer := handoffPair(b, name)
 	bare := newBareKV(b, js)
 	waiting := func(c jetstream.Consumer) func() bool {
 		return func() bool {
