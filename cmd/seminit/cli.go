@@ -349,7 +349,8 @@ func (g *globals) key() ([]byte, error) {
 // env carries a command's streams.
 type env struct {
 	stdout, stderr io.Writer
-	secrets        []string // hidden in messages: runSecrets
+	secrets        []string      // hidden in messages: runSecrets
+	signals        *signalRouter // nil when run by a test in-process
 }
 
 // warnf prints a message on stderr with every credential hidden.
@@ -379,7 +380,7 @@ var commands = map[string]command{
 	"delete":    {"delete a semaphore (refused while a permit is held)", runDelete},
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func run(ctx context.Context, sigs *signalRouter, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(stdout, usage)
 		if len(args) == 0 {
@@ -400,7 +401,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "seminit: unknown command %q%s; seminit --help lists the commands\n", args[0], hint)
 		return exitUsage
 	}
-	e := env{stdout: stdout, stderr: stderr, secrets: runSecrets(args[1:], os.Environ())}
+	e := env{stdout: stdout, stderr: stderr, secrets: runSecrets(args[1:], os.Environ()), signals: sigs}
 	ctx, refused := withRefusals(ctx)
 	err := refused.explain(cmd.run(ctx, e, args[1:]))
 	if err == nil {

@@ -105,7 +105,7 @@ func TestUsage(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			got := run(t.Context(), tc.args, &stdout, &stderr)
+			got := run(t.Context(), nil, tc.args, &stdout, &stderr)
 			if got != tc.want {
 				t.Fatalf("run %q = %d, want %d\nstdout: %s\nstderr: %s", tc.args, got, tc.want, stdout.String(), stderr.String())
 			}

@@ -10,17 +10,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/redact"
 )
 
-// runExec acquires a permit, runs a command while holding it, releases it
-// and exits with the command's status. If the permit is lost, or --max-hold
-// runs out, the command's process group gets SIGTERM, then SIGKILL after
-// --kill-after. SIGINT or SIGTERM to seminit is passed on to the command.
+// runExec acquires a permit, runs a command while holding it (see child),
+// releases it and exits with the command's status. If the permit is lost,
+// or --max-hold runs out, the command's process group gets SIGTERM, then
+// SIGKILL after --kill-after. SIGINT, SIGTERM, SIGHUP and SIGQUIT to
+// seminit are passed on to the command as themselves.
 func runExec(ctx context.Context, e env, args []string) error {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	var g globals
@@ -128,15 +128,20 @@ func runExec(ctx context.Context, e env, args []string) error {
 		env = childEnv(env)
 	}
 	cmd.Env = append(env, permitEnv(p)...)
-	// Own process group, so a stop reaches the command's children too; and,
-	// where the system can, killed with seminit: a command that outlives
-	// its permit holder would run unprotected once the permit is handed on.
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
+	if ctx.Err() != nil {
+		return exitCodeErr{code: signalExit(ctx), err: errors.New("interrupted before the command started")}
+	}
+	c, err := startChild(cmd)
+	if err != nil {
 		return exitCodeErr{code: 127, err: fmt.Errorf("start %s: %w", argv[0], err)}
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// From here on, stop signals go to the command as themselves; seminit
+	// exits when it does. One that came just before is passed on now.
+	defer e.signals.route(c.signal)()
+	var se signalErr
+	if errors.As(context.Cause(ctx), &se) {
+		c.signal(se.sig)
+	}
 
 	var holdC <-chan time.Time
 	if *hold > 0 {
@@ -145,16 +150,14 @@ func runExec(ctx context.Context, e env, args []string) error {
 		holdC = t.C
 	}
 	select {
-	case err := <-exited:
+	case err := <-c.exited:
 		return childExit(err)
 	case <-p.Done():
-		stopChild(cmd, exited, *killAfter)
+		_ = stopChild(c, *killAfter)
 		return exitCodeErr{code: exitSoftware, err: fmt.Errorf("permit lost, command stopped: %v", p.Err())}
 	case <-holdC:
-		stopChild(cmd, exited, *killAfter)
+		_ = stopChild(c, *killAfter)
 		return exitCodeErr{code: exitHoldLimit, err: fmt.Errorf("held the permit for --max-hold %v, command stopped", *hold)}
-	case <-ctx.Done():
-		return childExit(stopChild(cmd, exited, *killAfter))
 	}
 }
 
@@ -203,37 +206,6 @@ func (l *nameList) String() string { return strings.Join(*l, ",") }
 func (l *nameList) Set(v string) error {
 	*l = append(*l, v)
 	return nil
-}
-
-// stopChild asks the command to stop (stopGroup), forces it after grace
-// (killGroup), and returns the command's wait error.
-func stopChild(cmd *exec.Cmd, exited <-chan error, grace time.Duration) error {
-	stopGroup(cmd.Process)
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case err := <-exited:
-		return err
-	case <-t.C:
-		killGroup(cmd.Process)
-		return <-exited
-	}
-}
-
-// childExit converts the command's wait error into seminit's exit: the
-// command's own code, or 128+signal when a signal ended it.
-func childExit(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return exitCodeErr{code: 128 + int(ws.Signal())}
-		}
-		return exitCodeErr{code: ee.ExitCode()}
-	}
-	return exitCodeErr{code: exitFailure, err: err}
 }
 
 // secretEnv are the variables that carry broker credentials or the signing

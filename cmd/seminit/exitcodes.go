@@ -28,7 +28,8 @@ const (
 	exitHoldLimit   = 124
 )
 
-// signalErr is the cause of the context main cancels on SIGINT or SIGTERM.
+// signalErr is the cause of the context main cancels on a stop signal
+// (stopSignals).
 type signalErr struct{ sig syscall.Signal }
 
 func (s signalErr) Error() string { return "received " + s.sig.String() }
