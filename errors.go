@@ -67,6 +67,13 @@ var (
 	// RabbitMQ access refusal). Trying again does not help; the error
 	// names the subject, queue or exchange that was refused.
 	ErrPermissionDenied = errors.New("tokensem: permission denied by the broker")
+	// ErrRefused wraps a request the broker refused for a reason that
+	// waiting does not change: a configuration this broker or account does
+	// not allow (replicas on a server that is not clustered, an account's
+	// stream or storage limit, a stream of the same name with another
+	// configuration). The broker's own error, wrapped beside it, names the
+	// reason. Backends fail such a request at once instead of retrying it.
+	ErrRefused = errors.New("tokensem: refused by the broker")
 	// ErrTooManyWaiters is returned by Acquire when the broker refuses another
 	// waiting caller (the waiter limit set when the semaphore was created).
 	ErrTooManyWaiters = errors.New("tokensem: too many waiters")

@@ -152,8 +152,8 @@ func canonicalOrder(sems []Semaphore) ([]int, error) {
 	})
 	for j := 1; j < len(order); j++ {
 		if a, b := order[j-1], order[j]; keys[a] == keys[b] {
-			return nil, fmt.Errorf("%w: semaphores %d and %d are both %s on %s: give them distinct names",
-				ErrAmbiguousOrder, a+1, b+1, keys[a].name, keys[a].kind)
+			return nil, fmt.Errorf("%w: semaphores %d and %d are both %q on the same kind of broker: give them distinct names",
+				ErrAmbiguousOrder, a+1, b+1, keys[a].name)
 		}
 	}
 	return order, nil

@@ -29,6 +29,32 @@ const (
 	jsDuplicateInProcess jetstream.ErrorCode = 10158
 )
 
+// refusalCodes are the JetStream API errors that say a request can never
+// succeed as made, whatever the cluster's state: a configuration this
+// server or account does not allow. wrapBrokerErr makes them
+// tokensem.ErrRefused, which no caller retries. Errors of a cluster in
+// transition (no leader 10009, offline 10118/10119, no peers for placement
+// 10005 while a node is down) are not among them.
+var refusalCodes = []jetstream.ErrorCode{
+	10006, // JetStream not in clustered mode
+	10010, // JetStream clustering support required
+	10026, // maximum consumers limit reached
+	10027, // maximum number of streams reached
+	10028, // insufficient memory resources available (account limit)
+	10036, // not currently supported in clustered mode
+	10047, // insufficient storage resources available (account limit)
+	10052, // invalid stream configuration
+	10053, // general stream limits exceeded
+	10058, // stream name already in use with a different configuration
+	10074, // replicas > 1 not supported in non-clustered mode
+	10113, // account requires a stream config to have max bytes set
+	10122, // stream max bytes exceeds account limit max stream bytes
+}
+
+// jsReplicasNotSupported (10074) answers replicas > 1 on a server that is
+// not clustered.
+const jsReplicasNotSupported jetstream.ErrorCode = 10074
+
 // isAPIError reports whether err carries a JetStream API error with one of
 // the given codes.
 func isAPIError(err error, codes ...jetstream.ErrorCode) bool {
@@ -51,12 +77,33 @@ type brokerError struct{ err error }
 func (e brokerError) Error() string   { return "natssem: " + e.err.Error() }
 func (e brokerError) Unwrap() []error { return []error{tokensem.ErrUnavailable, e.err} }
 
-// wrapBrokerErr marks err as a broker error (nil stays nil; an error that
-// already is one, or a refusal for the user's permissions, is returned as
-// is).
+// refusalError is a request the broker refused for good (refusalCodes).
+// It matches tokensem.ErrRefused and the broker's error.
+type refusalError struct{ err error }
+
+func (e refusalError) Error() string {
+	var ae *jetstream.APIError
+	if !errors.As(e.err, &ae) {
+		return "natssem: refused: " + e.err.Error()
+	}
+	msg := fmt.Sprintf("natssem: the server refused: %s (JetStream error %d)", ae.Description, ae.ErrorCode)
+	if ae.ErrorCode == jsReplicasNotSupported {
+		msg += "; it is a single node: ask for 1 replica, or run a cluster"
+	}
+	return msg
+}
+func (e refusalError) Unwrap() []error { return []error{tokensem.ErrRefused, e.err} }
+
+// wrapBrokerErr marks err as a broker error, or as a refusal
+// (refusalCodes). nil stays nil; an error that already is one of them, or a
+// refusal for the user's permissions, is returned as is.
 func wrapBrokerErr(err error) error {
-	if err == nil || errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, tokensem.ErrPermissionDenied) {
+	switch {
+	case err == nil, errors.Is(err, tokensem.ErrUnavailable), errors.Is(err, tokensem.ErrRefused),
+		errors.Is(err, tokensem.ErrPermissionDenied):
 		return err
+	case isAPIError(err, refusalCodes...):
+		return refusalError{err}
 	}
 	return brokerError{err}
 }

@@ -227,7 +227,8 @@ func connectNATS(ctx context.Context, g *globals, us []*url.URL) (backend, error
 	if err != nil {
 		return nil, err
 	}
-	opts := []nats.Option{nats.Name("seminit"), nats.Timeout(timeout), natsErrorHandler(ctx, g.logger())}
+	opts := []nats.Option{nats.Name("seminit"), nats.Timeout(timeout), natsErrorHandler(ctx, g.logger()),
+		nats.SetCustomDialer(greetingDialer{timeout: timeout})}
 	if g.inbox != "" {
 		inbox := nats.CustomInboxPrefix(g.inbox)
 		if err := inbox(&nats.Options{}); err != nil { // nats.go's own check

@@ -416,6 +416,9 @@ func run(ctx context.Context, sigs *signalRouter, args []string, stdout, stderr 
 	var ec exitCodeErr
 	if !errors.As(err, &ec) || ec.err != nil {
 		e.warnf("seminit %s: %v\n", args[0], err)
+		if fix := fixFor(args[0], args[1:], err); fix != "" {
+			e.warnf("  %s\n", fix)
+		}
 	}
 	return code
 }

@@ -40,9 +40,12 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if len(names) == 0 {
 		return requireName("")
 	}
-	for _, n := range names {
+	for i, n := range names {
 		if err := requireName(n); err != nil {
 			return err
+		}
+		if slices.Contains(names[:i], n) {
+			return usageErr{fmt.Errorf("--name %s is given twice: give each semaphore once (--weight K holds K permits of one)", n)}
 		}
 	}
 	argv := fs.Args()

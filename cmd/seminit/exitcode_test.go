@@ -40,6 +40,7 @@ func TestExitCodes(t *testing.T) {
 		{"key mismatch", wrapped(tokensem.ErrKeyMismatch), exitConfig},
 		{"lease mismatch", wrapped(tokensem.ErrLeaseMismatch), exitConfig},
 		{"invalid stored configuration", wrapped(tokensem.ErrInvalidRecord), exitConfig},
+		{"refused by the broker", wrapped(tokensem.ErrRefused), exitConfig},
 		{"credentials", authErr{wrapped(amqpsem.ErrAuth)}, exitNoAuth},
 		{"permission denied", wrapped(tokensem.ErrPermissionDenied), exitNoAuth},
 		{"nats permissions violation", wrapped(fmt.Errorf("%w: Permissions Violation for Publish to \"x\"", nats.ErrPermissionViolation)), exitNoAuth},

@@ -2,6 +2,7 @@ package embedded_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +96,38 @@ func TestSyncPolicyText(t *testing.T) {
 		if err := p.UnmarshalText([]byte(bad)); !errors.Is(err, embedded.ErrInvalidConfig) {
 			t.Errorf("UnmarshalText(%q) = %v, want ErrInvalidConfig", bad, err)
 		}
+	}
+}
+
+// TestStartNamesWhatFailed: a server that cannot start (its port taken,
+// its store not creatable) fails Start with the server's own reason,
+// without waiting out ReadyTimeout (it used to wait, then blame the port).
+func TestStartNamesWhatFailed(t *testing.T) {
+	first, err := embedded.Start(embedded.Config{Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Shutdown()
+	taken := strings.TrimPrefix(first.URL(), "nats://")
+	tests := []struct {
+		name string
+		cfg  embedded.Config
+		want string
+	}{
+		{"port in use", embedded.Config{Listen: taken}, "address already in use"},
+		{"store not creatable", embedded.Config{Listen: "127.0.0.1:0", StoreDir: "/proc/no-such-store"}, "storage directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.ReadyTimeout = time.Minute // a wait out would fail the test's deadline, not pass it
+			s, err := embedded.Start(tt.cfg)
+			if err == nil {
+				s.Shutdown()
+				t.Fatal("Start succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.want) || errors.Is(err, embedded.ErrInvalidConfig) {
+				t.Fatalf("err = %v, want the server's reason (%q)", err, tt.want)
+			}
+		})
 	}
 }

@@ -2,7 +2,6 @@ package embedded
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -48,15 +47,48 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s.ns = ns
+	log := &startLog{fatal: make(chan string, 1)}
+	ns.SetLoggerV2(log, false, false, false)
 	go ns.Start()
-	if !ns.ReadyForConnections(cfg.ReadyTimeout) {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		s.cleanup()
-		return nil, errors.New("embedded: server not ready (is the port in use?)")
+	deadline := time.Now().Add(cfg.ReadyTimeout)
+	for !ns.ReadyForConnections(20 * time.Millisecond) {
+		var err error
+		select {
+		case msg := <-log.fatal:
+			err = fmt.Errorf("embedded: the server could not start: %s", msg)
+		default:
+			if time.Now().After(deadline) {
+				err = fmt.Errorf("embedded: the server did not accept connections within %v", cfg.ReadyTimeout)
+			}
+		}
+		if err != nil {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+			s.cleanup()
+			return nil, err
+		}
 	}
 	return s, nil
 }
+
+// startLog is the server's logger (the embedded server logs nothing
+// else): it keeps the first fatal error, such as a port in use or a store
+// that cannot be made, which the server reports only by never becoming
+// ready.
+type startLog struct{ fatal chan string }
+
+func (l *startLog) Fatalf(format string, v ...any) {
+	select {
+	case l.fatal <- fmt.Sprintf(format, v...):
+	default:
+	}
+}
+
+func (*startLog) Noticef(string, ...any) {}
+func (*startLog) Warnf(string, ...any)   {}
+func (*startLog) Errorf(string, ...any)  {}
+func (*startLog) Debugf(string, ...any)  {}
+func (*startLog) Tracef(string, ...any)  {}
 
 // WaitJetStream waits until JetStream answers on this server: at once on a
 // standalone server; on a cluster node, once a meta leader is elected (a

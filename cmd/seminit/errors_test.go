@@ -1,0 +1,90 @@
+package main
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokensem/tokensem/internal/freeport"
+)
+
+// TestInitRefusedReplicas: `init --replicas 3` on a single server is
+// refused for good: seminit fails at once, exit 78, naming the server's
+// reason and the fix on one line each, without retrying it.
+func TestInitRefusedReplicas(t *testing.T) {
+	nats := natsBroker()
+	name := uniqueName(t)
+	r := nats.seminit(t, "init", "--name", name, "--permits", "2", "--replicas", "3")
+	if r.code != exitConfig || !strings.Contains(r.stderr, "replicas > 1 not supported") ||
+		!strings.Contains(r.stderr, "ask for 1 replica") || strings.Contains(r.stderr, "retrying") {
+		t.Fatalf("init --replicas 3 on one server: %v\nwant exit %d, the server's reason and the fix, no retries", r, exitConfig)
+	}
+	if r := nats.seminit(t, "status", "--name", name); r.code != exitConfig {
+		t.Errorf("status after the refused init: %v\nwant exit %d (not initialized)", r, exitConfig)
+	}
+}
+
+// TestWrongProtocolPort: a nats:// URL for a port that accepts the
+// connection but says nothing (as RabbitMQ's does) fails saying it is not
+// a NATS port, not "i/o timeout" after the request timeout.
+func TestWrongProtocolPort(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}()
+	b := broker{name: "nats", url: "nats://" + l.Addr().String()}
+	r := b.seminit(t, "status", "--name", uniqueName(t), "--timeout", "30s")
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "no NATS greeting") || strings.Contains(r.stderr, "i/o timeout") {
+		t.Fatalf("status against a silent port: %v\nwant exit %d saying it sent no NATS greeting", r, exitUnavailable)
+	}
+}
+
+// TestErrorsNameTheFix: the errors a newcomer meets first say what to run
+// next.
+func TestErrorsNameTheFix(t *testing.T) {
+	nats := natsBroker()
+	name := uniqueName(t)
+	r := nats.seminit(t, "exec", "--name", name, "--", "true")
+	if r.code != exitConfig || !strings.Contains(r.stderr, "seminit init --name "+name+" --permits N") {
+		t.Errorf("exec of a semaphore never made: %v\nwant exit %d naming init", r, exitConfig)
+	}
+	nats.mustInit(t, name, 1)
+	r = nats.seminit(t, "init", "--name", name, "--permits", "2")
+	if r.code != exitConfig || !strings.Contains(r.stderr, "seminit resize --name "+name+" --permits 2") {
+		t.Errorf("init with another count: %v\nwant exit %d naming resize", r, exitConfig)
+	}
+	nats.holder(t, name, 30)
+	r = nats.seminit(t, "delete", "--name", name)
+	if r.code != exitNoPermit || !strings.Contains(r.stderr, "seminit delete --force --name "+name) {
+		t.Errorf("delete while a permit is held: %v\nwant exit %d naming --force", r, exitNoPermit)
+	}
+	r = nats.seminit(t, "exec", "--name", name, "--name", name, "--", "true")
+	if r.code != exitUsage || strings.Contains(r.stderr, "*natssem") || !strings.Contains(r.stderr, "given twice") {
+		t.Errorf("exec --name X --name X: %v\nwant exit %d saying so, without Go types", r, exitUsage)
+	}
+	nobody := broker{name: "nats", url: "nats://" + freeport.Need(t, 1)[0]}
+	r = nobody.seminit(t, "status", "--name", name)
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "seminit server") {
+		t.Errorf("status with no server there: %v\nwant exit %d naming seminit server", r, exitUnavailable)
+	}
+}
+
+// TestServerNamesWhatFailed: `seminit server` with a store it cannot
+// make says so at once, instead of blaming the port after 10 s.
+func TestServerNamesWhatFailed(t *testing.T) {
+	r := startSeminit(t, nil, "server", "--listen", freeport.Need(t, 1)[0], "--store", "/proc/no-such-store").wait(30 * time.Second)
+	if r.code == exitOK || !strings.Contains(r.stderr, "storage directory") || strings.Contains(r.stderr, "port") {
+		t.Fatalf("server --store /proc/no-such-store: %v\nwant a failure naming the store", r)
+	}
+}
