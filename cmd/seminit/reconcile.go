@@ -96,7 +96,10 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 	}
 	printReport(e, &g, *name, r)
 	if !r.Healthy {
-		return exitCodeErr{code: exitFailure}
+		if !*repair {
+			return exitCodeErr{code: exitFailure, err: fmt.Errorf("%s is not healthy; to repair it: seminit reconcile --repair --name %s", *name, *name)}
+		}
+		return exitCodeErr{code: exitFailure, err: fmt.Errorf("%s is still not healthy after the repair (what no repair fixes: seminit status --name %s)", *name, *name)}
 	}
 	return nil
 }

@@ -114,13 +114,16 @@ func TestResizeCLI(t *testing.T) {
 	forEachBroker(t, func(t *testing.T, b broker) {
 		name := uniqueName(t)
 		b.mustInit(t, name, 2)
-		if r := b.seminit(t, "resize", "--name", name, "--permits", "4"); r.code != exitOK || !strings.Contains(r.stdout, "issued 2") {
+		// Growth and shrinking are told in their own words, not as damage.
+		if r := b.seminit(t, "resize", "--name", name, "--permits", "4"); r.code != exitOK ||
+			!strings.Contains(r.stdout, "grew from 2 to 4 permits: issued tokens for slots 2, 3") || strings.Contains(r.stdout, "missing") {
 			t.Fatalf("resize 2 -> 4: %v", r)
 		}
 		if _, st := b.statusJSON(t, name); st.Permits != 4 || st.Tokens != 4 || !st.Healthy {
 			t.Fatalf("after growing: %+v", st)
 		}
-		if r := b.seminit(t, "resize", "--name", name, "--permits", "1"); r.code != exitOK {
+		if r := b.seminit(t, "resize", "--name", name, "--permits", "1"); r.code != exitOK ||
+			!strings.Contains(r.stdout, "shrank from 4 to 1 permit: retired 3 free tokens") || strings.Contains(r.stdout, "invalid") {
 			t.Fatalf("resize 4 -> 1: %v", r)
 		}
 		if _, st := b.statusJSON(t, name); st.Permits != 1 || st.Tokens != 1 || !st.Healthy {
@@ -142,7 +145,7 @@ func TestResizeSteps(t *testing.T) {
 	if r.code != exitOK {
 		t.Fatalf("stepped resize: %v", r)
 	}
-	for _, want := range []string{": 3 permits", ": 5 permits", ": 6 permits"} {
+	for _, want := range []string{"grew from 1 to 3 permits", "grew from 3 to 5 permits", "grew from 5 to 6 permits: issued tokens for slot 5"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("stepped resize 1 -> 6 by 2: output lacks %q:\n%s", want, r.stdout)
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tokensem/tokensem/reconciler"
@@ -60,7 +62,7 @@ func runResize(ctx context.Context, e env, args []string) error {
 		if err != nil {
 			return classify(err)
 		}
-		printReport(e, &g, *name, r)
+		printResize(e, &g, *name, current, next, r)
 		if !r.Healthy {
 			return exitCodeErr{code: exitFailure, err: fmt.Errorf("%s is not healthy after resizing to %d", *name, next)}
 		}
@@ -73,6 +75,76 @@ func runResize(ctx context.Context, e env, args []string) error {
 		case <-time.After(*interval):
 		}
 	}
+}
+
+// printResize reports one step of a resize from permits from to to: the
+// tokens a growth issued and a shrink retired in their own words, and only
+// what else the repair found as damage. --json prints the report as
+// reconcile does.
+func printResize(e env, g *globals, name string, from, to int, r reconciler.Report) {
+	if g.json {
+		printReport(e, g, name, r)
+		return
+	}
+	var grown, damaged []int // slots issued for the growth; slots missing below it
+	for _, i := range r.Missing {
+		if i >= from {
+			grown = append(grown, i)
+		} else {
+			damaged = append(damaged, i)
+		}
+	}
+	retired := 0
+	if to < from {
+		retired = min(r.Invalid, from-to)
+	}
+	var b strings.Builder
+	switch {
+	case to > from:
+		fmt.Fprintf(&b, "%s: grew from %d to %s: issued tokens for %s", name, from, permitCount(to), slotList(grown))
+	case to < from:
+		fmt.Fprintf(&b, "%s: shrank from %d to %s: retired %d free tokens of slots %d and up (held ones retire as their holders release them)",
+			name, from, permitCount(to), retired, to)
+	default:
+		fmt.Fprintf(&b, "%s: already has %s", name, permitCount(to))
+	}
+	var repaired []string
+	if len(damaged) > 0 {
+		repaired = append(repaired, "reissued lost tokens of "+slotList(damaged))
+	}
+	if len(r.Duplicates) > 0 {
+		repaired = append(repaired, "removed duplicate tokens of "+slotList(r.Duplicates))
+	}
+	if junk := r.Invalid - retired; junk > 0 {
+		repaired = append(repaired, fmt.Sprintf("removed %d invalid messages", junk))
+	}
+	if len(repaired) > 0 {
+		fmt.Fprintf(&b, "; also repaired: %s", strings.Join(repaired, ", "))
+	}
+	if !r.Healthy {
+		b.WriteString("; not healthy after the repair (seminit status shows why)")
+	}
+	fmt.Fprintln(e.stdout, b.String())
+}
+
+// permitCount is "1 permit" or "N permits".
+func permitCount(n int) string {
+	if n == 1 {
+		return "1 permit"
+	}
+	return strconv.Itoa(n) + " permits"
+}
+
+// slotList writes slot indices as "slot 0" or "slots 0, 1, 2".
+func slotList(slots []int) string {
+	s := make([]string, len(slots))
+	for i, v := range slots {
+		s[i] = strconv.Itoa(v)
+	}
+	if len(s) == 1 {
+		return "slot " + s[0]
+	}
+	return "slots " + strings.Join(s, ", ")
 }
 
 // stepToward moves from by at most step (0: no limit) toward to.
