@@ -3,9 +3,11 @@ package amqpsem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,9 +18,13 @@ import (
 	"github.com/tokensem/tokensem/internal/semtest"
 )
 
+// name returns a fresh semaphore name for a test, marked with
+// semtest.RunID (testenv.Main deletes them after the run).
 func name(t *testing.T) string {
-	return "a" + driver.NewToken("x", 0, 0).ID[:8] + "-" + t.Name()[4:min(len(t.Name()), 30)]
+	return fmt.Sprintf("a%s%d-%s", semtest.RunID, nameSeq.Add(1), t.Name()[4:min(len(t.Name()), 30)])
 }
+
+var nameSeq atomic.Int64
 
 func initAMQP(t *testing.T, n string, permits int, opts ...amqpsem.Option) *amqpsem.Semaphore {
 	t.Helper()

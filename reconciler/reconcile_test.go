@@ -119,7 +119,7 @@ func newNATS(t testing.TB, name string, permits int, key []byte) *fixture {
 func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 	t.Helper()
 	rabbit := brokers.RabbitFor(t)
-	name = fixtureName(name) + "-" + runID
+	name = fixtureName(name) + "-" + semtest.RunID
 	c, err := amqpsem.Dial(bounded(t), rabbit.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -190,8 +190,6 @@ func newAMQP(t testing.TB, name string, permits int, key []byte) *fixture {
 func bounded(t testing.TB) context.Context { return semtest.Context(t, testTimeout) }
 
 const testTimeout = 45 * time.Second
-
-var runID = driver.NewToken("x", 0, 0).ID[:6]
 
 // epoch returns the epoch of the fixture's semaphore (its life, which its
 // tokens carry).

@@ -13,7 +13,6 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
-	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/internal/testenv"
 	"github.com/tokensem/tokensem/natssem"
@@ -85,14 +84,11 @@ func forEachBackend(t *testing.T, test func(t *testing.T, init semgroup.InitFunc
 	}
 }
 
-// runID keeps names apart across runs on a long-lived RabbitMQ.
-var runID = driver.NewToken("x", 0, 0).ID[:6]
-
 var prefixSeq atomic.Int64
 
 // uniquePrefix returns a name prefix no other test (or run) uses.
 func uniquePrefix() string {
-	return "g" + runID + strconv.FormatInt(prefixSeq.Add(1), 10) + "-"
+	return "g" + semtest.RunID + strconv.FormatInt(prefixSeq.Add(1), 10) + "-"
 }
 
 // bounded returns a context that ends with the test or after 45 s.

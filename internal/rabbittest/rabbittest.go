@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -54,7 +55,41 @@ func Missing(t testing.TB, err error) {
 	if os.Getenv("CI") == "true" {
 		t.Fatalf("CI=true and no RabbitMQ: %v", err)
 	}
+	announce(err)
 	t.Skipf("no RabbitMQ: %v", err)
+}
+
+// announce tells whoever runs the tests, once per go command, that
+// RabbitMQ tests are skipped and how to run them. go test shows a passing
+// package's output only with -v, so the line goes to the terminal
+// (/dev/tty) when there is one, and to stderr otherwise (where -v and
+// failures show it). A marker file named after the go command's process
+// keeps the other packages of the same run quiet.
+func announce(err error) {
+	marker := filepath.Join(os.TempDir(), fmt.Sprintf("tokensem-tests-norabbit-%d", os.Getppid()))
+	f, ferr := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if ferr != nil {
+		return // announced by another package of this run
+	}
+	_ = f.Close()
+	line := fmt.Sprintf("tokensem tests: every RabbitMQ test is skipped (%v)\n", err)
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		_, _ = tty.WriteString(line)
+		_ = tty.Close()
+		return
+	}
+	_, _ = os.Stderr.WriteString(line)
+}
+
+// Skipped is Missing for a whole package (a TestMain that runs nothing
+// without RabbitMQ): it reports whether the package is to be skipped
+// (false under CI=true, where the caller fails instead).
+func Skipped(err error) bool {
+	if os.Getenv("CI") == "true" {
+		return false
+	}
+	announce(err)
+	return true
 }
 
 // Need returns the RabbitMQ of $RABBITMQ_URL, or ends the test (Missing).

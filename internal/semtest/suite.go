@@ -62,9 +62,11 @@ func Run(t *testing.T, b Backend) {
 
 var nameSeq atomic.Int64
 
-// runID tells this run's semaphores from those earlier runs left on a
-// persistent broker.
-var runID = driver.NewToken("x", 0, 0).ID[:6]
+// RunID is in the name of every semaphore this test process makes on a
+// broker that outlives it (uniqueName, and the packages' own name makers):
+// it tells this run's semaphores from those of other runs, and
+// testenv.Main deletes those that contain it once the tests are done.
+var RunID = driver.NewToken("x", 0, 0).ID[:8]
 
 // uniqueName returns a fresh semaphore name for a test.
 func uniqueName(t testing.TB) string {
@@ -77,7 +79,7 @@ func uniqueName(t testing.TB) string {
 	if len(base) > 40 {
 		base = base[len(base)-40:]
 	}
-	return fmt.Sprintf("t%d-%s-%s", nameSeq.Add(1), runID, strings.Trim(base, "-"))
+	return fmt.Sprintf("t%d-%s-%s", nameSeq.Add(1), RunID, strings.Trim(base, "-"))
 }
 
 func mustInit(t testing.TB, b Backend, name string, n int, o Options) tokensem.Semaphore {

@@ -9,11 +9,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/rabbittest"
+	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
@@ -63,7 +68,7 @@ func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 	if want&(Rabbit|OnlyRabbit) != 0 {
 		b.Rabbit, b.RabbitErr = rabbittest.Start(context.Background())
 		if b.Rabbit == nil && want&OnlyRabbit != 0 {
-			if os.Getenv("CI") == "true" {
+			if !rabbittest.Skipped(b.RabbitErr) {
 				fmt.Fprintln(os.Stderr, "FAIL: CI=true and no RabbitMQ:", b.RabbitErr)
 				return 1
 			}
@@ -81,6 +86,11 @@ func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 	}
 	setup(b)
 	code := m.Run()
+	if b.Rabbit != nil {
+		if left := sweep(b.Rabbit.URL); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "could not delete %d semaphores the tests made on RabbitMQ: %s\n", len(left), strings.Join(left, "; "))
+		}
+	}
 	if b.NATS != nil {
 		b.NATS.Shutdown()
 	}
@@ -94,4 +104,43 @@ func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 		}
 	}
 	return code
+}
+
+// sweep force-deletes the semaphores this test process made on the
+// RabbitMQ at url (their names contain semtest.RunID), which outlives the
+// run, and returns what it could not delete. The embedded NATS goes with
+// its temporary store.
+func sweep(url string) (left []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := amqpsem.Dial(ctx, url)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer c.Close()
+	infos, err := amqpsem.List(ctx, c)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		busy = make(chan struct{}, 4)
+	)
+	for _, in := range infos {
+		if !strings.Contains(in.Name, semtest.RunID) {
+			continue
+		}
+		wg.Go(func() {
+			busy <- struct{}{}
+			defer func() { <-busy }()
+			if err := amqpsem.ForceDelete(ctx, c, in.Name); err != nil {
+				mu.Lock()
+				left = append(left, in.Name+": "+err.Error())
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return left
 }
