@@ -212,7 +212,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.url, "url", def, "broker URL")
 	fs.BoolVar(&g.json, "json", false, "JSON output")
 	g.timeout = defaultTimeout
-	fs.Func("timeout", "bound on each broker round trip (default 10s)", func(v string) error {
+	fs.Func("timeout", "bound on each broker round trip (default: 10s to connect; a semaphore's requests min(5s, lease/4))", func(v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {
 			return err
@@ -381,6 +381,12 @@ var commands = map[string]command{
 }
 
 func run(ctx context.Context, sigs *signalRouter, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 2 && args[0] == "help" {
+		if _, ok := commands[args[1]]; ok {
+			// seminit help VERB is seminit VERB --help.
+			args = []string{args[1], "--help"}
+		}
+	}
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(stdout, usage)
 		if len(args) == 0 {
@@ -431,7 +437,13 @@ func parse(fs *flag.FlagSet, args []string, allowArgs bool) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return helpErr{fs}
 		}
-		return usageErr{errors.New(twoDashes(err.Error()))}
+		msg := twoDashes(err.Error())
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+			if s := suggestFlag(fs, strings.TrimLeft(name, "-")); s != "" {
+				msg += fmt.Sprintf(" (did you mean --%s?)", s)
+			}
+		}
+		return usageErr{errors.New(msg)}
 	}
 	if !allowArgs && fs.NArg() > 0 {
 		return usageErr{fmt.Errorf("unexpected argument %q", fs.Arg(0))}

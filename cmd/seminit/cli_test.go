@@ -101,6 +101,10 @@ func TestUsage(t *testing.T) {
 		{"exec wait 0 documented", []string{"exec", "--help"}, exitOK, "0 tries once", ""},
 		{"resize step 0 documented", []string{"resize", "--help"}, exitOK, "(0, the default: all at once)", ""},
 		{"resize interval 0 documented", []string{"resize", "--help"}, exitOK, "pause between steps (0: none)", ""},
+		{"help VERB is VERB --help", []string{"help", "exec"}, exitOK, "--kill-after", ""},
+		{"flag typo suggests", []string{"exec", "--naem", "x", "--", "true"}, exitUsage, "", "--naem (did you mean --name?)"},
+		{"timeout default documented", []string{"status", "--help"}, exitOK, "min(5s, lease/4)", ""},
+		{"name twice", []string{"exec", "--url", unreachable, "--name", "x", "--name", "x", "--", "true"}, exitUsage, "", "--name x is given twice"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -51,16 +51,29 @@ func verbHelp(w io.Writer, verb string, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "\nseminit --help shows every verb, the URL and credential rules and the exit codes.")
 }
 
-// suggest returns the verb closest to an unknown one, for a hint: one
-// that starts with it or differs in at most two letters.
+// suggest returns the verb closest to an unknown one, for a hint.
 func suggest(unknown string) string {
+	return closest(unknown, slices.Sorted(maps.Keys(commands)))
+}
+
+// suggestFlag returns the flag of fs closest to an unknown one, for a
+// hint.
+func suggestFlag(fs *flag.FlagSet, unknown string) string {
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	return closest(unknown, names)
+}
+
+// closest returns the candidate that starts with unknown or differs from
+// it in at most two letters (the nearest), or "".
+func closest(unknown string, candidates []string) string {
 	best, bestDist := "", 3
-	for _, verb := range slices.Sorted(maps.Keys(commands)) {
-		if strings.HasPrefix(verb, unknown) && len(unknown) >= 2 {
-			return verb
+	for _, c := range candidates {
+		if strings.HasPrefix(c, unknown) && len(unknown) >= 2 {
+			return c
 		}
-		if d := editDistance(unknown, verb); d < bestDist {
-			best, bestDist = verb, d
+		if d := editDistance(unknown, c); d < bestDist {
+			best, bestDist = c, d
 		}
 	}
 	return best
