@@ -127,6 +127,7 @@ type globals struct {
 	// semaphore's round trips (natssem bounds an unset one by the lease).
 	timeoutSet bool
 	keyFile    string
+	verbose    bool   // --verbose: report long work even when stderr is no terminal
 	group      string // --group: NATS semaphores are keys of this group
 	inbox      string // --inbox-prefix: NATS reply subjects' prefix
 
@@ -224,6 +225,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&g.keyFile, "key-file", "", "token signing key file")
+	fs.BoolVar(&g.verbose, "verbose", false, "report the progress of long work on stderr (default: only when stderr is a terminal)")
 	fs.StringVar(&g.group, "group", os.Getenv("TOKENSEM_GROUP"), "NATS: the semaphore is a key of this group (one stream and bucket for many)")
 	fs.StringVar(&g.inbox, "inbox-prefix", os.Getenv("TOKENSEM_INBOX_PREFIX"), "NATS: prefix of this client's reply subjects (default _INBOX)")
 	fs.StringVar(&g.user, "user", "", "user name")

@@ -88,3 +88,21 @@ func TestServerNamesWhatFailed(t *testing.T) {
 		t.Fatalf("server --store /proc/no-such-store: %v\nwant a failure naming the store", r)
 	}
 }
+
+// TestExecReportsWaiting: with --verbose (or on a terminal) exec says
+// that it waits, for what, and what the broker says of the semaphore.
+func TestExecReportsWaiting(t *testing.T) {
+	nats := natsBroker()
+	name := uniqueName(t)
+	nats.mustInit(t, name, 1)
+	nats.holder(t, name, 30)
+	r := nats.seminit(t, "exec", "--verbose", "--name", name, "--wait", "2s", "--", "true")
+	if r.code != exitNoPermit || !strings.Contains(r.stderr, "seminit exec: waiting") ||
+		!strings.Contains(r.stderr, "for a permit of "+name+" (1 of 1 held, 1 waiting with this one)") {
+		t.Fatalf("exec --verbose while the only permit is held: %v\nwant a line saying it waits, for what, and the count", r)
+	}
+	r = nats.seminit(t, "exec", "--name", name, "--wait", "1s", "--", "true")
+	if strings.Contains(r.stderr, "waiting") {
+		t.Errorf("exec without --verbose, stderr no terminal: %v\nwant no progress lines", r)
+	}
+}

@@ -97,7 +97,16 @@ func runExec(ctx context.Context, e env, args []string) error {
 		if *wait > 0 {
 			actx, cancel = context.WithTimeout(ctx, *wait)
 		}
+		waitWhat := "a permit of " + what
+		switch {
+		case *weight > 1:
+			waitWhat = what
+		case len(names) > 1:
+			waitWhat = "a permit of each of " + what
+		}
+		stop := g.reporter(e).every(actx, waitLine(waitWhat, sems, g.timeout))
 		p, err = take(actx, sems, *weight, false)
+		stop()
 		waited = actx.Err() != nil
 		cancel()
 	}

@@ -79,7 +79,17 @@ func runDelete(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer b.close()
-	if err := b.delete(octx, *name, *force); err != nil {
+	stop := func() {}
+	if *force {
+		until, _ := octx.Deadline()
+		stop = g.reporter(e).every(octx, func(context.Context, time.Duration) string {
+			return fmt.Sprintf("seminit delete: %v: waiting for the holders of %s to learn it is deleted (a lease on NATS; until %s at most)",
+				time.Since(until.Add(-g.opTimeout())).Round(time.Second), *name, until.Format("15:04:05"))
+		})
+	}
+	err = b.delete(octx, *name, *force)
+	stop()
+	if err != nil {
 		return err
 	}
 	if g.json {
