@@ -106,3 +106,23 @@ func TestExecReportsWaiting(t *testing.T) {
 		t.Errorf("exec without --verbose, stderr no terminal: %v\nwant no progress lines", r)
 	}
 }
+
+// TestExecInitPermits: exec --init-permits N makes the semaphore on first
+// use, as init does: again with N is fine, with another count a mismatch.
+func TestExecInitPermits(t *testing.T) { forEachBroker(t, testExecInitPermits) }
+
+func testExecInitPermits(t *testing.T, b broker) {
+	name := uniqueName(t)
+	for range 2 {
+		if r := b.seminit(t, "exec", "--name", name, "--init-permits", "2", "--", "true"); r.code != exitOK {
+			t.Fatalf("exec --init-permits 2: %v", r)
+		}
+	}
+	if _, st := b.statusJSON(t, name); st.Permits != 2 || st.Tokens != 2 || !st.Healthy {
+		t.Fatalf("status after exec --init-permits 2: %+v", st)
+	}
+	r := b.seminit(t, "exec", "--name", name, "--init-permits", "3", "--", "echo", "must not run")
+	if r.code != exitConfig || !strings.Contains(r.stderr, "mismatch") || strings.Contains(r.stdout, "must not run") {
+		t.Fatalf("exec --init-permits 3 of a semaphore of 2: %v\nwant exit %d, a mismatch, no command run", r, exitConfig)
+	}
+}

@@ -33,6 +33,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	lease := fs.Duration("lease", 0, "the lease you expect; the semaphore's stored lease (set by init) governs, and a different value is reported")
 	killAfter := fs.Duration("kill-after", 10*time.Second, "after SIGTERM, SIGKILL the command if it has not exited within DUR")
 	passCreds := fs.Bool("pass-credentials", false, "hand the command $TOKENSEM_URL whole and $TOKENSEM_PASSWORD, $TOKENSEM_TOKEN and $TOKENSEM_KEY (default: the URL without its credentials and none of the others)")
+	initPermits := fs.Int("init-permits", 0, "create each semaphore with N permits if it does not exist yet, as init does (a different count is a mismatch, exit 78)")
 	conflict := fs.Int("conflict-exit-code", exitNoPermit, "exit with N when no permit comes within --wait (or too many wait), as flock -E: pick one your command never uses")
 	if err := parse(fs, args, true); err != nil {
 		return err
@@ -71,7 +72,12 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if *conflict < 0 || *conflict > 255 {
 		return usageErr{fmt.Errorf("--conflict-exit-code %d is not an exit code (0..255)", *conflict)}
 	}
-	sems, done, err := openSemaphores(ctx, &g, names)
+	if isSet(fs, "init-permits") {
+		if err := tokensem.ValidatePermits(*initPermits); err != nil {
+			return usageErr{fmt.Errorf("--init-permits: %w", err)}
+		}
+	}
+	sems, done, err := openOrInit(ctx, &g, names, *initPermits, *lease)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/redact"
@@ -72,6 +73,13 @@ func openSemaphore(ctx context.Context, g *globals, name string) (s tokensem.Sem
 
 // openSemaphores opens the semaphores names through one connection.
 func openSemaphores(ctx context.Context, g *globals, names []string) (sems []tokensem.Semaphore, done func(), err error) {
+	return openOrInit(ctx, g, names, 0, 0)
+}
+
+// openOrInit opens the semaphores names, or, when permits is above 0,
+// creates each with that many permits (and lease, if not 0) unless it
+// exists (init's rules: a different count is a mismatch).
+func openOrInit(ctx context.Context, g *globals, names []string, permits int, lease time.Duration) (sems []tokensem.Semaphore, done func(), err error) {
 	key, err := g.key()
 	if err != nil {
 		return nil, nil, err
@@ -89,7 +97,14 @@ func openSemaphores(ctx context.Context, g *globals, names []string) (sems []tok
 		b.close()
 	}
 	for _, name := range names {
-		s, err := b.open(octx, name, semOptions{key: key, timeout: g.requestTimeout(), log: g.logger()})
+		o := semOptions{key: key, timeout: g.requestTimeout(), log: g.logger()}
+		var s tokensem.Semaphore
+		if permits > 0 {
+			o.lease = lease
+			s, err = b.init(octx, name, permits, o)
+		} else {
+			s, err = b.open(octx, name, o)
+		}
 		if err != nil {
 			done()
 			return nil, nil, err
