@@ -39,6 +39,8 @@ Usage:
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
   seminit list
   seminit delete   --name NAME [--force]
+  seminit completion bash|zsh|fish
+  seminit help VERB
 
 Flags common to every verb but server:
   --url URL        broker URL; the scheme picks the backend: nats:// (NATS
@@ -399,6 +401,13 @@ func run(ctx context.Context, sigs *signalRouter, args []string, stdout, stderr 
 	}
 	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
 		fmt.Fprintln(stdout, "seminit", version())
+		return exitOK
+	}
+	if args[0] == "completion" {
+		if err := runCompletion(env{stdout: stdout, stderr: stderr}, args[1:]); err != nil {
+			fmt.Fprintf(stderr, "seminit completion: %v\n", err)
+			return exitUsage
+		}
 		return exitOK
 	}
 	cmd, ok := commands[args[0]]
