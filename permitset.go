@@ -90,8 +90,7 @@ func (ps *PermitSet) lose(i int, p Permit) {
 		cause = fmt.Errorf("%w: released on its own", ErrLeaseLost)
 	}
 	ps.phase = setLost
-	ps.err = fmt.Errorf("permit %d of %d (slot %d of %s): %w",
-		i+1, len(ps.permits), p.Token().Index, p.Token().Semaphore, cause)
+	ps.err = ps.which(i, cause)
 	close(ps.stop)
 	close(ps.done)
 	ps.mu.Unlock()
@@ -112,8 +111,7 @@ func (ps *PermitSet) releaseAll(ctx context.Context, skip int) error {
 		}
 		wg.Go(func() {
 			if err := p.Release(ctx); err != nil && !errors.Is(err, ErrReleased) {
-				errs[i] = fmt.Errorf("permit %d of %d (slot %d of %s): %w",
-					i+1, len(ps.permits), p.Token().Index, p.Token().Semaphore, err)
+				errs[i] = ps.which(i, err)
 			}
 		})
 	}
@@ -218,4 +216,14 @@ func (ps *PermitSet) waitWatchers(ctx context.Context) {
 	case <-finished:
 	case <-ctx.Done():
 	}
+}
+
+// which says which permit of the set err is about: the permit's own
+// errors name its semaphore and slot, so a set of one adds nothing.
+func (ps *PermitSet) which(i int, err error) error {
+	if len(ps.permits) == 1 {
+		return err
+	}
+	p := ps.permits[i]
+	return fmt.Errorf("permit %d of %d (slot %d of %s): %w", i+1, len(ps.permits), p.Token().Index, p.Token().Semaphore, err)
 }

@@ -168,7 +168,7 @@ func (s *Semaphore) deleteLocked(ctx context.Context, h *lockHold, force bool, r
 			defer cancel()
 			if rerr := s.reopen(rctx, h); rerr != nil {
 				s.log.Warn("a delete that failed could not put the semaphore back; run Delete again", "err", rerr)
-				err = errors.Join(err, rerr)
+				err = fmt.Errorf("%w (and putting it back failed: %w)", err, rerr)
 			}
 		}
 	}()

@@ -178,13 +178,13 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 		}
 		got, rerr := p.s.slots.read(ctx, p.d.tok.Index)
 		if rerr != nil {
-			return errors.Join(err, rerr)
+			return fmt.Errorf("%w (reading the record after: %w)", err, rerr)
 		}
 		if got.rev < rev && time.Now().Before(lagging) {
 			p.s.log.Debug("slot record read from a replica behind our own write; writing again", "index", p.d.tok.Index,
 				"rev", rev, "read_rev", got.rev, "err", err)
 			if werr := pause.Wait(ctx, nil); werr != nil {
-				return errors.Join(err, werr)
+				return fmt.Errorf("%w (waiting to write again: %w)", err, werr)
 			}
 			attempt--
 			continue

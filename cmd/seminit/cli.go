@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -363,6 +364,19 @@ func (e env) warnf(format string, args ...any) {
 	fmt.Fprint(e.stderr, redact.Text(fmt.Sprintf(format, args...), e.secrets...))
 }
 
+// oneLine writes an error on one line: the lines of a joined error
+// (errors.Join) are separated by "; ", and a line said before is not said
+// again.
+func oneLine(err error) string {
+	var kept []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !slices.Contains(kept, l) {
+			kept = append(kept, l)
+		}
+	}
+	return strings.Join(kept, "; ")
+}
+
 func (e env) printJSON(v any) {
 	enc := json.NewEncoder(e.stdout)
 	enc.SetIndent("", "  ")
@@ -433,7 +447,7 @@ func run(ctx context.Context, sigs *signalRouter, args []string, stdout, stderr 
 	code := exitCode(err)
 	var ec exitCodeErr
 	if !errors.As(err, &ec) || ec.err != nil {
-		e.warnf("seminit %s: %v\n", args[0], err)
+		e.warnf("seminit %s: %s\n", args[0], oneLine(err))
 		if fix := fixFor(args[0], args[1:], err); fix != "" {
 			e.warnf("  %s\n", fix)
 		}

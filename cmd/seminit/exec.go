@@ -172,7 +172,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 		return childExit(err)
 	case <-p.Done():
 		_ = stopChild(c, *killAfter)
-		return exitCodeErr{code: exitSoftware, err: fmt.Errorf("permit lost, command stopped: %v", p.Err())}
+		return exitCodeErr{code: exitSoftware, err: fmt.Errorf("command stopped: %v", p.Err())}
 	case <-holdC:
 		_ = stopChild(c, *killAfter)
 		return exitCodeErr{code: exitHoldLimit, err: fmt.Errorf("held the permit for --max-hold %v, command stopped", *hold)}

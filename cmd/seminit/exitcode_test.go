@@ -76,3 +76,13 @@ func TestExitCodes(t *testing.T) {
 		})
 	}
 }
+
+// TestOneLine: seminit prints an error chain on one line, a joined error's
+// lines separated and none said twice.
+func TestOneLine(t *testing.T) {
+	a := errors.New("natssem: context deadline exceeded")
+	err := fmt.Errorf("lost: %w", errors.Join(a, a, errors.New("natssem: connection closed")))
+	if got, want := oneLine(err), "lost: natssem: context deadline exceeded; natssem: connection closed"; got != want {
+		t.Fatalf("oneLine = %q, want %q", got, want)
+	}
+}
