@@ -365,12 +365,12 @@ func (e env) warnf(format string, args ...any) {
 }
 
 // oneLine writes an error on one line: the lines of a joined error
-// (errors.Join) are separated by "; ", and a line said before is not said
-// again.
+// (errors.Join) are separated by "; ", and a line said before (alone or
+// within another) is not said again.
 func oneLine(err error) string {
 	var kept []string
 	for _, l := range strings.Split(err.Error(), "\n") {
-		if l = strings.TrimSpace(l); l != "" && !slices.Contains(kept, l) {
+		if l = strings.TrimSpace(l); l != "" && !slices.ContainsFunc(kept, func(k string) bool { return strings.Contains(k, l) }) {
 			kept = append(kept, l)
 		}
 	}
