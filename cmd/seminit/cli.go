@@ -31,7 +31,7 @@ Usage:
                    [--server-name NAME --cluster-listen HOST:PORT --routes URL,...
                     [--cluster-name NAME]] [--insecure-no-auth]
   seminit init     --name NAME --permits N [--lease DUR] [--replicas R]
-  seminit status   --name NAME [--count]
+  seminit status   --name NAME [--count | --watch INTERVAL]
   seminit exec     --name NAME [--name NAME...] [--weight K] [--wait DUR] [--max-hold DUR]
                    [--init-permits N] [--kill-after DUR] [--conflict-exit-code N]
                    [--pass-credentials]

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -124,5 +126,31 @@ func testExecInitPermits(t *testing.T, b broker) {
 	r := b.seminit(t, "exec", "--name", name, "--init-permits", "3", "--", "echo", "must not run")
 	if r.code != exitConfig || !strings.Contains(r.stderr, "mismatch") || strings.Contains(r.stdout, "must not run") {
 		t.Fatalf("exec --init-permits 3 of a semaphore of 2: %v\nwant exit %d, a mismatch, no command run", r, exitConfig)
+	}
+}
+
+// TestStatusWatch: status --watch --json prints a view a line until
+// interrupted (exit 0): counts, utilization, and on NATS the holders.
+func TestStatusWatch(t *testing.T) {
+	nats := natsBroker()
+	name := uniqueName(t)
+	nats.mustInit(t, name, 2)
+	nats.holder(t, name, 30)
+	p := startSeminit(t, nats.env(), "status", "--name", name, "--watch", "100ms", "--json")
+	eventually(t, 20*time.Second, "three refreshes", func() bool { return strings.Count(p.stdout.String(), "\n") >= 3 })
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(10 * time.Second)
+	if r.code != exitOK {
+		t.Fatalf("status --watch after SIGINT: %v", r)
+	}
+	var v watchView
+	line, _, _ := strings.Cut(strings.TrimSpace(r.stdout), "\n")
+	if err := json.Unmarshal([]byte(line), &v); err != nil {
+		t.Fatalf("status --watch --json line %q: %v", line, err)
+	}
+	if v.Count.Held != 1 || v.Count.Permits != 2 || v.Utilization != 0.5 || len(v.Holders) != 1 || v.Holders[0].Index != 0 {
+		t.Fatalf("status --watch view = %+v, want slot 0 of 2 held, utilization 0.5", v)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -21,8 +22,12 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	g.register(fs)
 	name := fs.String("name", "", "semaphore name")
 	count := fs.Bool("count", false, "print only the cheap count (available, held, waiting) from the broker's counters, without a census")
+	watch := fs.Duration("watch", 0, "refresh every INTERVAL until interrupted: counts, utilization over the last minute, and (NATS) holders with how long each has held")
 	if err := parse(fs, args, false); err != nil {
 		return err
+	}
+	if *watch < 0 || isSet(fs, "watch") && *watch == 0 {
+		return usageErr{errors.New("--watch: want a positive interval")}
 	}
 	if err := requireName(*name); err != nil {
 		return err
@@ -32,6 +37,9 @@ func runStatus(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer done()
+	if *watch > 0 {
+		return watchStatus(ctx, e, &g, s, *name, *watch)
+	}
 	if *count {
 		return printCount(ctx, e, &g, s, *name)
 	}
