@@ -46,7 +46,9 @@ func runInit(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer b.close()
+	stop := g.reporter(e).during(ctx, fmt.Sprintf("seminit init: creating %s with %d tokens", *name, *permits))
 	s, err := b.init(ctx, *name, *permits, semOptions{lease: *lease, replicas: *replicas, key: key, timeout: g.requestTimeout(), log: g.logger()})
+	stop()
 	if err != nil {
 		return err
 	}

@@ -79,7 +79,7 @@ func runDelete(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer b.close()
-	stop := func() {}
+	stop := g.reporter(e).during(octx, "seminit delete: deleting "+*name)
 	if *force {
 		until, _ := octx.Deadline()
 		stop = g.reporter(e).every(octx, func(context.Context, time.Duration) string {

@@ -81,6 +81,15 @@ func (r *reporter) every(ctx context.Context, line func(ctx context.Context, wai
 	}
 }
 
+// during reports what is under way, and for how long, until stop: the
+// progress of init, delete, resize and reconcile, which on a large
+// semaphore take seconds (20,000 permits: about 13 s to create).
+func (r *reporter) during(ctx context.Context, what string) (stop func()) {
+	return r.every(ctx, func(_ context.Context, took time.Duration) string {
+		return fmt.Sprintf("%s: %v", what, took)
+	})
+}
+
 // waitLine is exec's line while it waits: for what, how long, and what
 // the broker says of the semaphores (read every few seconds).
 func waitLine(what string, sems []tokensem.Semaphore, timeout time.Duration) func(context.Context, time.Duration) string {

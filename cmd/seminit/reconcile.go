@@ -90,7 +90,13 @@ func runReconcile(ctx context.Context, e env, args []string) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.opTimeout())
 	defer cancel()
+	what := "seminit reconcile: counting the tokens of " + *name
+	if *repair {
+		what = "seminit reconcile: counting and repairing the tokens of " + *name
+	}
+	stop := g.reporter(e).during(rctx, what)
 	r, err := reconciler.Run(rctx, inv, *repair)
+	stop()
 	if err != nil {
 		return classify(err)
 	}

@@ -57,7 +57,9 @@ func runResize(ctx context.Context, e env, args []string) error {
 	for {
 		next := stepToward(current, *permits, *step)
 		rctx, cancel := context.WithTimeout(ctx, g.opTimeout())
+		stop := g.reporter(e).during(rctx, fmt.Sprintf("seminit resize: %s from %d to %d permits", *name, current, next))
 		r, err := rs.Resize(rctx, next)
+		stop()
 		cancel()
 		if err != nil {
 			return classify(err)
