@@ -12,8 +12,9 @@ import (
 // in a process group of its own. Stop signals to seminit reach it as
 // themselves (signalRouter); seminit stops it on its own account only when
 // the permit is lost or --max-hold runs out (stopChild). Where seminit has
-// the terminal in the foreground (Linux), the command gets it, and job
-// control works as if the command ran without seminit (see terminal).
+// a controlling terminal (Linux), job control works as if the command ran
+// without seminit: the command gets the terminal's foreground when seminit
+// has it, and stops and continues with seminit's job (see terminal).
 type child struct {
 	cmd    *exec.Cmd
 	pgid   int

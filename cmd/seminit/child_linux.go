@@ -17,24 +17,28 @@ func childAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
-// A terminal is seminit's controlling terminal, which it hands to exec's
-// command: the command's process group goes in the foreground, so that it
-// reads the terminal and gets the keyboard's signals (Ctrl-C, Ctrl-\,
+// A terminal is seminit's controlling terminal, which it shares with
+// exec's command as a shell shares it with a job. Started in the
+// foreground, the command's process group gets the terminal's foreground:
+// it reads the terminal and gets the keyboard's signals (Ctrl-C, Ctrl-\,
 // Ctrl-Z) itself, as it would without seminit. When the command stops
-// (Ctrl-Z), seminit takes the terminal back and stops its own process
-// group, so the shell sees its job stopped; fg continues both (suspend).
-// When the command ends, seminit takes the terminal back.
+// (Ctrl-Z, or a read of the terminal from the background), seminit takes
+// the terminal back if the command had it and stops its own process group
+// with the same signal, so the shell sees its job stopped; fg or bg
+// continues both (suspend). When the command ends, seminit takes the
+// terminal back.
 type terminal struct {
-	fd      int // seminit's descriptor of the terminal
-	childFd int // the command's (0, 1 or 2)
-	pgrp    int // seminit's process group
+	fd      int  // seminit's descriptor of the terminal
+	childFd int  // the command's (0, 1 or 2)
+	pgrp    int  // seminit's process group
+	fg      bool // seminit's group had the foreground when the command started
 }
 
-// foregroundTerminal returns the first of the command's standard streams
-// that is seminit's controlling terminal with seminit's process group in
-// its foreground, or nil: no terminal, or seminit runs in the background.
-// All three must be files (seminit then waits for the command itself).
-func foregroundTerminal(cmd *exec.Cmd) *terminal {
+// controllingTerminal returns the first of the command's standard streams
+// that is seminit's controlling terminal, or nil: no terminal (pipes,
+// files), or no controlling one. All three streams must be files (seminit
+// then waits for the command itself).
+func controllingTerminal(cmd *exec.Cmd) *terminal {
 	streams := []any{cmd.Stdin, cmd.Stdout, cmd.Stderr}
 	for _, s := range streams {
 		if _, ok := s.(*os.File); !ok {
@@ -44,8 +48,9 @@ func foregroundTerminal(cmd *exec.Cmd) *terminal {
 	pgrp := syscall.Getpgrp()
 	for i, s := range streams {
 		fd := int(s.(*os.File).Fd())
-		if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg == pgrp {
-			return &terminal{fd: fd, childFd: i, pgrp: pgrp}
+		// TIOCGPGRP answers only for the caller's controlling terminal.
+		if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil {
+			return &terminal{fd: fd, childFd: i, pgrp: pgrp, fg: fg == pgrp}
 		}
 	}
 	return nil
@@ -94,7 +99,7 @@ func (c *child) jobControl() {
 			c.exited <- err
 			return
 		case ws.Stopped():
-			c.suspend()
+			c.suspend(ws.StopSignal())
 			continue
 		}
 		if c.term.foreground() == c.pgid {
@@ -110,22 +115,34 @@ func (c *child) jobControl() {
 	}
 }
 
-// suspend handles a stopped command as a shell would have, had it run the
-// command itself: it takes the terminal back and stops seminit's own
-// process group (the shell's job: seminit, and the rest of its pipeline).
-// Once continued (fg, bg), it gives the terminal back if the shell gave it
-// to seminit, and continues the command. In an orphaned process group,
-// which the kernel does not stop, the command is continued after a pause.
-func (c *child) suspend() {
+// suspend handles a command stopped by sig as a shell would have, had it
+// run the command itself. A command that wanted the terminal from the
+// background (SIGTTIN, SIGTTOU) while seminit has the foreground (fg after
+// a start in the background) gets it and goes on. Otherwise seminit takes
+// the terminal back if the command had it, and stops its own process group
+// (the shell's job: seminit and the rest of its pipeline) with the same
+// signal (SIGTSTP for SIGSTOP, which only a signal from outside sends), so
+// the shell sees the job stopped. Once continued (fg, bg), it gives the
+// terminal to the command if the shell gave it to seminit, and continues
+// the command. In an orphaned process group, which the kernel does not
+// stop, the command is continued after a pause.
+func (c *child) suspend(sig syscall.Signal) {
 	t := c.term
-	if t.foreground() == c.pgid {
+	wantsTerminal := sig == syscall.SIGTTIN || sig == syscall.SIGTTOU
+	switch fg := t.foreground(); {
+	case fg == t.pgrp && wantsTerminal:
+	case fg == c.pgid:
 		t.give(t.pgrp)
-	}
-	_ = syscall.Kill(0, syscall.SIGTSTP)
-	switch t.foreground() {
-	case t.pgrp:
-		t.give(c.pgid)
+		fallthrough
 	default:
+		if sig == syscall.SIGSTOP {
+			sig = syscall.SIGTSTP
+		}
+		_ = syscall.Kill(0, sig)
+	}
+	if t.foreground() == t.pgrp {
+		t.give(c.pgid)
+	} else {
 		// In the background (bg), the command stops again at its next
 		// read of the terminal, and so does seminit: the shell's usual
 		// way with a job that wants input.

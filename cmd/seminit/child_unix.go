@@ -8,12 +8,12 @@ import (
 )
 
 // startChild starts the command in a process group of its own: in the
-// terminal's foreground if seminit has the terminal (foregroundTerminal),
-// in the background otherwise.
+// terminal's foreground if seminit has it there (see terminal), in the
+// background otherwise.
 func startChild(cmd *exec.Cmd) (*child, error) {
 	cmd.SysProcAttr = childAttr()
-	c := &child{cmd: cmd, exited: make(chan error, 1), term: foregroundTerminal(cmd)}
-	if c.term != nil {
+	c := &child{cmd: cmd, exited: make(chan error, 1), term: controllingTerminal(cmd)}
+	if c.term != nil && c.term.fg {
 		cmd.SysProcAttr.Foreground = true
 		cmd.SysProcAttr.Ctty = c.term.childFd
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,12 +37,20 @@ func startShell(t *testing.T, env []string) *shell {
 	if err != nil {
 		t.Skipf("no pseudo-terminals here: %v", err)
 	}
-	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatalf("unlock pty: %v", err)
-	}
-	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	// Through SyscallConn, not Fd, which would make the master blocking:
+	// a blocking Read cannot be ended by Close, and the cleanup must end
+	// it even while a stray process still holds the terminal open.
+	rc, err := master.SyscallConn()
 	if err != nil {
-		t.Fatalf("pty number: %v", err)
+		t.Fatal(err)
+	}
+	var n int
+	if cerr := rc.Control(func(fd uintptr) {
+		if err = unix.IoctlSetPointerInt(int(fd), unix.TIOCSPTLCK, 0); err == nil {
+			n, err = unix.IoctlGetInt(int(fd), unix.TIOCGPTN)
+		}
+	}); cerr != nil || err != nil {
+		t.Fatalf("unlock pty: %v %v", cerr, err)
 	}
 	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
@@ -70,7 +79,7 @@ func startShell(t *testing.T, env []string) *shell {
 	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGHUP)
-		_ = cmd.Process.Kill()
+		killSession(cmd.Process.Pid) // what a failed test left running under it
 		_ = cmd.Wait()
 		_ = master.Close()
 		<-read
@@ -80,6 +89,24 @@ func startShell(t *testing.T, env []string) *shell {
 	})
 	sh.expect("$ ")
 	return sh
+}
+
+// killSession SIGKILLs every process of session sid (bash and its jobs).
+func killSession(sid int) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// "pid (comm) state ppid pgrp session ...", comm may hold ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 3 && f[3] == strconv.Itoa(sid) {
+			pid, _ := strconv.Atoi(strings.Fields(string(b))[0])
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 // typeIn writes keys to the terminal as the user types them.
@@ -176,6 +203,20 @@ func TestExecTerminal(t *testing.T) {
 	sh.expect("got:world")
 	if rc := sh.status(); rc != "0" {
 		t.Fatalf("exec stopped and continued exited %s, want 0", rc)
+	}
+
+	// Started in the background, the command stops when it reads the
+	// terminal (and the job with it); fg gives it the terminal.
+	sh.typeIn("set -b\n") // report job changes at once
+	sh.expect("$ ")
+	sh.typeIn(execLine + reader + " &\n")
+	sh.expect("ready to read")
+	sh.expect("Stopped")
+	sh.typeIn("fg\n")
+	sh.typeIn("later\n")
+	sh.expect("got:later")
+	if rc := sh.status(); rc != "0" {
+		t.Fatalf("exec started in the background, then fg: exited %s, want 0", rc)
 	}
 
 	// Ctrl-C reaches the command as SIGINT; it traps it, then dies of it.
