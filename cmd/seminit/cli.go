@@ -400,11 +400,10 @@ var commands = map[string]command{
 }
 
 func run(ctx context.Context, sigs *signalRouter, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 2 && args[0] == "help" {
-		if _, ok := commands[args[1]]; ok {
-			// seminit help VERB is seminit VERB --help.
-			args = []string{args[1], "--help"}
-		}
+	if len(args) == 2 && args[0] == "help" && args[1] != "completion" {
+		// seminit help VERB is seminit VERB --help (an unknown VERB is
+		// reported as one).
+		args = []string{args[1], "--help"}
 	}
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(stdout, usage)

@@ -102,6 +102,7 @@ func TestUsage(t *testing.T) {
 		{"resize step 0 documented", []string{"resize", "--help"}, exitOK, "(0, the default: all at once)", ""},
 		{"resize interval 0 documented", []string{"resize", "--help"}, exitOK, "pause between steps (0: none)", ""},
 		{"help VERB is VERB --help", []string{"help", "exec"}, exitOK, "--kill-after", ""},
+		{"help of an unknown verb", []string{"help", "exe"}, exitUsage, "", `did you mean "exec"?`},
 		{"flag typo suggests", []string{"exec", "--naem", "x", "--", "true"}, exitUsage, "", "--naem (did you mean --name?)"},
 		{"timeout default documented", []string{"status", "--help"}, exitOK, "min(5s, lease/4)", ""},
 		{"name twice", []string{"exec", "--url", unreachable, "--name", "x", "--name", "x", "--", "true"}, exitUsage, "", "--name x is given twice"},
