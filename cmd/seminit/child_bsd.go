@@ -14,11 +14,11 @@ func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: tru
 
 // terminal is Linux's (child_linux.go): here the command never gets the
 // terminal, and runs in the background as a job of seminit's.
-type terminal struct {
-	childFd int
-	fg      bool
-}
+type terminal struct{ childFd int }
 
 func controllingTerminal(*exec.Cmd) *terminal { return nil }
 
-func (c *child) jobControl() {}
+func (*terminal) close()   {}
+func (*child) started()    {}
+func (*child) jobControl() {}
+func raiseDieBy()          {}

@@ -3,7 +3,9 @@ package main
 import (
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,26 +20,33 @@ func childAttr() *syscall.SysProcAttr {
 }
 
 // A terminal is seminit's controlling terminal, which it shares with
-// exec's command as a shell shares it with a job. Started in the
-// foreground, the command's process group gets the terminal's foreground:
-// it reads the terminal and gets the keyboard's signals (Ctrl-C, Ctrl-\,
-// Ctrl-Z) itself, as it would without seminit. When the command stops
-// (Ctrl-Z, or a read of the terminal from the background), seminit takes
-// the terminal back if the command had it and stops its own process group
-// with the same signal, so the shell sees its job stopped; fg or bg
-// continues both (suspend). When the command ends, seminit takes the
-// terminal back.
+// exec's command as a shell shares it with a job, so that job control
+// works as if the command ran without seminit:
+//   - Started in the foreground, the command's process group gets the
+//     terminal's foreground: it reads the terminal and gets the keyboard's
+//     signals (Ctrl-C, Ctrl-\, Ctrl-Z) itself.
+//   - A command that wants the terminal from the background (SIGTTIN,
+//     SIGTTOU: started with &, then fg) gets it once seminit has it.
+//   - When the command stops (Ctrl-Z), seminit takes the terminal back and
+//     stops its own process group, so the shell sees its job stopped; fg
+//     or bg continues both (suspend).
+//   - A process of seminit's own job (a pager after it in a pipeline) that
+//     reads the terminal while the command has it gets it (readers).
+//   - When the command ends, seminit takes the terminal back; if Ctrl-C or
+//     Ctrl-\ killed it, seminit's job gets the signal too, as it would have
+//     without seminit, so a script running seminit stops (dieBy).
 type terminal struct {
-	fd      int  // seminit's descriptor of the terminal
-	childFd int  // the command's (0, 1 or 2)
-	pgrp    int  // seminit's process group
-	fg      bool // seminit's group had the foreground when the command started
+	tty     *os.File       // /dev/tty, open while the command runs
+	fd      int            // tty's descriptor
+	childFd int            // the command's stream that is the terminal when it starts in the foreground; -1 if none
+	pgrp    int            // seminit's process group
+	ttin    chan os.Signal // SIGTTIN and SIGTTOU to seminit's job
 }
 
-// controllingTerminal returns the first of the command's standard streams
-// that is seminit's controlling terminal, or nil: no terminal (pipes,
-// files), or no controlling one. All three streams must be files (seminit
-// then waits for the command itself).
+// controllingTerminal returns seminit's controlling terminal, or nil: none,
+// or one of the command's standard streams is no file (seminit then lets
+// os/exec wait for the command). When seminit's group has the foreground,
+// childFd is the command's stream that is the terminal, if any.
 func controllingTerminal(cmd *exec.Cmd) *terminal {
 	streams := []any{cmd.Stdin, cmd.Stdout, cmd.Stderr}
 	for _, s := range streams {
@@ -45,15 +54,43 @@ func controllingTerminal(cmd *exec.Cmd) *terminal {
 			return nil
 		}
 	}
-	pgrp := syscall.Getpgrp()
+	tty, err := os.OpenFile("/dev/tty", os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	rc, err := tty.SyscallConn()
+	if err != nil {
+		_ = tty.Close()
+		return nil
+	}
+	fd := -1
+	_ = rc.Control(func(f uintptr) { fd = int(f) })
+	t := &terminal{tty: tty, fd: fd, childFd: -1, pgrp: syscall.Getpgrp(), ttin: make(chan os.Signal, 1)}
+	// Before the command starts: a pager after seminit in a pipeline may
+	// read the terminal at once.
+	signal.Notify(t.ttin, syscall.SIGTTIN, syscall.SIGTTOU)
+	if t.foreground() != t.pgrp {
+		return t
+	}
+	var ttySt unix.Stat_t
+	if unix.Fstat(fd, &ttySt) != nil {
+		return t
+	}
 	for i, s := range streams {
-		fd := int(s.(*os.File).Fd())
-		// TIOCGPGRP answers only for the caller's controlling terminal.
-		if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil {
-			return &terminal{fd: fd, childFd: i, pgrp: pgrp, fg: fg == pgrp}
+		var st unix.Stat_t
+		if unix.Fstat(int(s.(*os.File).Fd()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == ttySt.Rdev {
+			t.childFd = i
+			break
 		}
 	}
-	return nil
+	return t
+}
+
+// close releases what the terminal holds once the command has ended (or
+// did not start).
+func (t *terminal) close() {
+	signal.Stop(t.ttin)
+	_ = t.tty.Close()
 }
 
 // foreground returns the terminal's foreground process group (-1 if it
@@ -84,10 +121,31 @@ func (t *terminal) give(pgid int) {
 	_ = unix.IoctlSetPointerInt(t.fd, unix.TIOCSPGRP, pgid)
 }
 
-// jobControl waits for the command, stopped as well as ended: it suspends
-// seminit with a stopped command, and takes the terminal back from one
-// that ended.
+// started finishes the handover once the command runs: a command with no
+// stream on the terminal (all redirected) that may still open /dev/tty
+// (a password prompt, a pager) gets the foreground now, as one started
+// with a stream on it got it at exec.
+func (c *child) started() {
+	if t := c.term; t.childFd < 0 && t.foreground() == t.pgrp {
+		t.give(c.pgid)
+	}
+}
+
+// jobControl waits for the command, stopped as well as ended (see
+// terminal).
 func (c *child) jobControl() {
+	t := c.term
+	stopReaders := make(chan struct{})
+	readersDone := make(chan struct{})
+	go func() {
+		defer close(readersDone)
+		c.readers(stopReaders)
+	}()
+	defer func() {
+		close(stopReaders)
+		<-readersDone
+		t.close()
+	}()
 	pid := c.cmd.Process.Pid
 	for {
 		var ws syscall.WaitStatus
@@ -102,8 +160,16 @@ func (c *child) jobControl() {
 			c.suspend(ws.StopSignal())
 			continue
 		}
-		if c.term.foreground() == c.pgid {
-			c.term.give(c.term.pgrp)
+		hadTerminal := t.foreground() == c.pgid
+		if hadTerminal {
+			t.give(t.pgrp)
+		}
+		if sig := ws.Signal(); hadTerminal && ws.Signaled() && (sig == syscall.SIGINT || sig == syscall.SIGQUIT) {
+			// The keyboard would have signalled seminit's whole job had
+			// the command not had a process group of its own: do so,
+			// and end by it (main).
+			dieBy.Store(int32(sig))
+			_ = syscall.Kill(0, sig)
 		}
 		_ = c.cmd.Process.Release()
 		if ws.Exited() && ws.ExitStatus() == 0 {
@@ -115,38 +181,83 @@ func (c *child) jobControl() {
 	}
 }
 
+// readers handles SIGTTIN and SIGTTOU to seminit's own job until stop: a
+// process of it (a pager after seminit in a pipeline) reads the terminal
+// while the command has it. It gets the terminal; in the background, the
+// job stops, as it would have without the handler.
+func (c *child) readers(stop <-chan struct{}) {
+	t := c.term
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.ttin:
+		}
+		if t.foreground() == c.pgid {
+			t.give(t.pgrp)
+			_ = syscall.Kill(0, syscall.SIGCONT)
+		} else if t.foreground() != t.pgrp {
+			_ = syscall.Kill(0, syscall.SIGTSTP)
+		}
+	}
+}
+
 // suspend handles a command stopped by sig as a shell would have, had it
-// run the command itself. A command that wanted the terminal from the
-// background (SIGTTIN, SIGTTOU) while seminit has the foreground (fg after
-// a start in the background) gets it and goes on. Otherwise seminit takes
-// the terminal back if the command had it, and stops its own process group
-// (the shell's job: seminit and the rest of its pipeline) with the same
-// signal (SIGTSTP for SIGSTOP, which only a signal from outside sends), so
-// the shell sees the job stopped. Once continued (fg, bg), it gives the
-// terminal to the command if the shell gave it to seminit, and continues
-// the command. In an orphaned process group, which the kernel does not
-// stop, the command is continued after a pause.
+// run the command itself (see terminal). It waits until seminit is
+// continued before it decides who gets the terminal: kill returns before
+// the stop takes hold, and deciding at once raced the shell's bg, which
+// could hand the terminal to a background command. In an orphaned process
+// group, which the kernel does not stop, it goes on after a second.
 func (c *child) suspend(sig syscall.Signal) {
 	t := c.term
-	wantsTerminal := sig == syscall.SIGTTIN || sig == syscall.SIGTTOU
-	switch fg := t.foreground(); {
-	case fg == t.pgrp && wantsTerminal:
-	case fg == c.pgid:
-		t.give(t.pgrp)
-		fallthrough
-	default:
-		if sig == syscall.SIGSTOP {
-			sig = syscall.SIGTSTP
+	fg := t.foreground()
+	if sig == syscall.SIGTTIN || sig == syscall.SIGTTOU {
+		switch fg {
+		case t.pgrp: // fg after a start in the background
+			t.give(c.pgid)
+			fallthrough
+		case c.pgid: // stopped before the terminal was handed to it
+			_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+			return
 		}
-		_ = syscall.Kill(0, sig)
+	}
+	if fg == c.pgid {
+		t.give(t.pgrp)
+	}
+	if sig == syscall.SIGSTOP {
+		sig = syscall.SIGTSTP // SIGSTOP only comes from outside; the shell's fg continues a SIGTSTP
+	}
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	_ = syscall.Kill(0, sig)
+	select {
+	case <-cont:
+	case <-time.After(time.Second):
 	}
 	if t.foreground() == t.pgrp {
 		t.give(c.pgid)
-	} else {
-		// In the background (bg), the command stops again at its next
-		// read of the terminal, and so does seminit: the shell's usual
-		// way with a job that wants input.
-		time.Sleep(100 * time.Millisecond)
 	}
 	_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+}
+
+// dieBy is the signal seminit ends by, as its command did (jobControl):
+// main raises it on itself once everything is released.
+var dieBy atomic.Int32
+
+// raiseDieBy ends seminit by the signal jobControl recorded, if any, as
+// timeout(1) does: the shell and a script running seminit see it killed by
+// SIGINT or SIGQUIT ($? is still 128+N). It returns if there is none.
+func raiseDieBy() {
+	sig := syscall.Signal(dieBy.Load())
+	if sig == 0 {
+		return
+	}
+	signal.Reset(sig)
+	if sig == syscall.SIGQUIT {
+		_ = syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{}) // no core dump of seminit's own
+	}
+	runtime.LockOSThread()
+	_ = syscall.Tgkill(os.Getpid(), syscall.Gettid(), sig)
+	time.Sleep(time.Second) // the signal ends the process
 }

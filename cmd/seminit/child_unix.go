@@ -13,15 +13,19 @@ import (
 func startChild(cmd *exec.Cmd) (*child, error) {
 	cmd.SysProcAttr = childAttr()
 	c := &child{cmd: cmd, exited: make(chan error, 1), term: controllingTerminal(cmd)}
-	if c.term != nil && c.term.fg {
+	if c.term != nil && c.term.childFd >= 0 {
 		cmd.SysProcAttr.Foreground = true
 		cmd.SysProcAttr.Ctty = c.term.childFd
 	}
 	if err := cmd.Start(); err != nil {
+		if c.term != nil {
+			c.term.close()
+		}
 		return nil, err
 	}
 	c.pgid = cmd.Process.Pid
 	if c.term != nil {
+		c.started()
 		go c.jobControl()
 	} else {
 		go func() { c.exited <- cmd.Wait() }()

@@ -354,6 +354,11 @@ func startSeminit(t testing.TB, env []string, args ...string) *proc {
 	p := &proc{t: t, done: make(chan struct{})}
 	p.cmd = exec.Command(seminitBin, args...)
 	p.cmd.Env = env
+	// A session of its own, without the terminal of a developer who runs
+	// the tests from one (CI has none): exec would share that terminal
+	// with its command (child_linux.go). terminal_test.go gives seminit a
+	// terminal on purpose.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	// An orphaned exec child (after kill -9 of seminit) keeps the output
 	// pipes open; do not wait for it.
