@@ -41,6 +41,10 @@ type terminal struct {
 	childFd int            // the command's stream that is the terminal when it starts in the foreground; -1 if none
 	pgrp    int            // seminit's process group
 	ttin    chan os.Signal // SIGTTIN and SIGTTOU to seminit's job
+	cont    chan os.Signal // SIGCONT to seminit's job (fg, bg)
+	// wants says the command stopped wanting the terminal while seminit's
+	// job was in the background: the shell's fg hands it over (handOver).
+	wants atomic.Bool
 }
 
 // controllingTerminal returns seminit's controlling terminal, or nil: none,
@@ -65,10 +69,12 @@ func controllingTerminal(cmd *exec.Cmd) *terminal {
 	}
 	fd := -1
 	_ = rc.Control(func(f uintptr) { fd = int(f) })
-	t := &terminal{tty: tty, fd: fd, childFd: -1, pgrp: syscall.Getpgrp(), ttin: make(chan os.Signal, 1)}
+	t := &terminal{tty: tty, fd: fd, childFd: -1, pgrp: syscall.Getpgrp(),
+		ttin: make(chan os.Signal, 1), cont: make(chan os.Signal, 1)}
 	// Before the command starts: a pager after seminit in a pipeline may
 	// read the terminal at once.
 	signal.Notify(t.ttin, syscall.SIGTTIN, syscall.SIGTTOU)
+	signal.Notify(t.cont, syscall.SIGCONT)
 	if t.foreground() != t.pgrp {
 		return t
 	}
@@ -90,6 +96,7 @@ func controllingTerminal(cmd *exec.Cmd) *terminal {
 // did not start).
 func (t *terminal) close() {
 	signal.Stop(t.ttin)
+	signal.Stop(t.cont)
 	_ = t.tty.Close()
 }
 
@@ -181,16 +188,22 @@ func (c *child) jobControl() {
 	}
 }
 
-// readers handles SIGTTIN and SIGTTOU to seminit's own job until stop: a
+// readers handles, until stop, SIGTTIN and SIGTTOU to seminit's own job: a
 // process of it (a pager after seminit in a pipeline) reads the terminal
 // while the command has it. It gets the terminal; in the background, the
-// job stops, as it would have without the handler.
+// job stops, as it would have without the handler. And SIGCONT: the
+// shell's fg of a job whose command waits for the terminal (handOver).
 func (c *child) readers(stop <-chan struct{}) {
 	t := c.term
 	for {
 		select {
 		case <-stop:
 			return
+		case <-t.cont:
+			if t.foreground() == t.pgrp {
+				c.handOver()
+			}
+			continue
 		case <-t.ttin:
 		}
 		if t.foreground() == c.pgid {
@@ -218,8 +231,23 @@ func (c *child) suspend(sig syscall.Signal) {
 			fallthrough
 		case c.pgid: // stopped before the terminal was handed to it
 			_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
-			return
+		default:
+			// In the background (started with &, or bg): the command
+			// waits, stopped, for the shell's fg, which gives seminit's
+			// job the terminal and a SIGCONT (readers hands it over
+			// then, or at once if that came first). Until then the job
+			// stops, so the shell says it wants input; it is checked
+			// just before, as a fg since the command stopped must not
+			// be undone by a stop that comes after it.
+			t.wants.Store(true)
+			if t.foreground() != t.pgrp {
+				_ = syscall.Kill(0, syscall.SIGTSTP)
+			}
+			if t.foreground() == t.pgrp {
+				c.handOver()
+			}
 		}
+		return
 	}
 	if fg == c.pgid {
 		t.give(t.pgrp)
@@ -239,6 +267,15 @@ func (c *child) suspend(sig syscall.Signal) {
 		t.give(c.pgid)
 	}
 	_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+}
+
+// handOver gives the terminal to a command that waits for it (wants) and
+// continues it; once, whoever of suspend and readers comes first.
+func (c *child) handOver() {
+	if c.term.wants.CompareAndSwap(true, false) {
+		c.term.give(c.pgid)
+		_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+	}
 }
 
 // dieBy is the signal seminit ends by, as its command did (jobControl):

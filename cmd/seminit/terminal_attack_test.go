@@ -290,6 +290,10 @@ func TestAttackPermitLostInForeground(t *testing.T) {
 	name := uniqueName(t)
 	nats.mustInit(t, name, 1, "--lease", "2s")
 	sh := attackShell(t, nats.env())
+	// The job ends while the shell sits at its prompt: report it at once,
+	// not before a next prompt that may come before the end.
+	sh.typeIn("set -b\n")
+	sh.expect("$ ")
 	reader := script(t, `echo "pid=$PPID."; echo "child=$$"; echo "ready to read"; read x; echo "got:$x"`+"\n")
 	sh.typeIn("seminit exec --name " + name + " -- " + reader + "\n")
 	seminit, _ := strconv.Atoi(sh.match(pidLine, "seminit's pid"))
@@ -308,10 +312,10 @@ func TestAttackPermitLostInForeground(t *testing.T) {
 	}
 	sh.must(20*time.Second, "command stopped", "seminit continued after its permit was lost")
 	// The shell took the terminal when the job stopped; it reports the
-	// job's end before its next prompt.
+	// job's end at once (set -b), then runs the next line.
+	sh.must(15*time.Second, "Exit 70", "the shell's report of the job")
 	sh.typeIn("echo \"ok-$((1+1))\"\n")
 	sh.must(15*time.Second, "ok-2", "the shell after the lost permit")
-	sh.must(15*time.Second, "Exit 70", "the shell's report of the job")
 	eventually(t, 15*time.Second, "the command ends", func() bool { st := procState(child); return st == 0 || st == 'Z' })
 }
 
