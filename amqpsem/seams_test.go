@@ -546,15 +546,24 @@ func TestAbandonedInitLeavesNoLock(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, n) })
 		// The undo deletes the lock when the broker answers the declare
-		// Init gave up on: on a broker busy with every package of a CI
-		// run at once that answer can come seconds late (this waited 2 s
-		// and failed once so, 1 Init of 12). A leaked lock stays until
-		// the connection closes, so 15 s still tells one apart.
-		deadline := time.Now().Add(15 * time.Second)
-		for locked(n) && time.Now().Before(deadline) {
+		// Init gave up on, and that answer may come after Init returned:
+		// the queue can appear a moment after Init and go again (a first
+		// "absent" proves nothing). Wait for it to stay absent for half a
+		// second; a leaked lock stays until its connection closes, so it
+		// is still there after 15 s.
+		deadline, absentSince, gone := time.Now().Add(15*time.Second), time.Time{}, false
+		for !gone && time.Now().Before(deadline) {
+			switch {
+			case locked(n):
+				absentSince = time.Time{}
+			case absentSince.IsZero():
+				absentSince = time.Now()
+			default:
+				gone = time.Since(absentSince) > 500*time.Millisecond
+			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		if locked(n) {
+		if !gone {
 			leaked++
 			t.Errorf("Init with a %d ms deadline (%v) left the lock of %s held by its connection", i, err, n)
 		}
