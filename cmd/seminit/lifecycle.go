@@ -79,13 +79,15 @@ func runDelete(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer b.close()
-	stop := g.reporter(e).during(octx, "seminit delete: deleting "+*name)
+	var stop func()
 	if *force {
 		until, _ := octx.Deadline()
-		stop = g.reporter(e).every(octx, func(context.Context, time.Duration) string {
+		stop = g.reporter(e).every(octx, func(_ context.Context, took time.Duration) string {
 			return fmt.Sprintf("seminit delete: %v: waiting for the holders of %s to learn it is deleted (a lease on NATS; until %s at most)",
-				time.Since(until.Add(-g.opTimeout())).Round(time.Second), *name, until.Format("15:04:05"))
+				took, *name, until.Format("15:04:05"))
 		})
+	} else {
+		stop = g.reporter(e).during(octx, "seminit delete: deleting "+*name)
 	}
 	err = b.delete(octx, *name, *force)
 	stop()

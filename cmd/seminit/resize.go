@@ -103,7 +103,10 @@ func printResize(e env, g *globals, name string, from, to int, r reconciler.Repo
 	var b strings.Builder
 	switch {
 	case to > from:
-		fmt.Fprintf(&b, "%s: grew from %d to %s: issued tokens for %s", name, from, permitCount(to), slotList(grown))
+		fmt.Fprintf(&b, "%s: grew from %d to %s", name, from, permitCount(to))
+		if len(grown) > 0 {
+			fmt.Fprintf(&b, ": issued tokens for %s", slotList(grown))
+		}
 	case to < from:
 		fmt.Fprintf(&b, "%s: shrank from %d to %s: retired %d free tokens of slots %d and up (held ones retire as their holders release them)",
 			name, from, permitCount(to), retired, to)
