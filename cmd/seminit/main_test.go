@@ -12,7 +12,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -21,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -33,6 +31,7 @@ import (
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/redact"
 	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/testenv"
 )
 
 // meterChildEnv, when set to a host:port, turns the test binary into the
@@ -94,7 +93,11 @@ func testMain(m *testing.M) int {
 	}
 	code := m.Run()
 	for _, url := range []string{rabbitURL, os.Getenv(rabbittest.ClusterEnv)} {
-		if left := sweep(url); len(left) > 0 {
+		if url == "" {
+			continue
+		}
+		// Every name uniqueName makes carries runID.
+		if left := testenv.Sweep(url, "t"+runID+"-"); len(left) > 0 {
 			fmt.Fprintf(os.Stderr, "seminit tests: could not delete %d semaphores they made on %s: %v\n", len(left), redact.URL(url), left)
 		}
 	}
@@ -109,51 +112,6 @@ func testMain(m *testing.M) int {
 		}
 	}
 	return code
-}
-
-// sweep force-deletes the semaphores this run's tests made on the broker
-// at url (their names start with "t"+runID: uniqueName), so a run leaves
-// nothing behind on a broker that outlives it; it returns those it could
-// not delete. The `seminit server` of the run goes with its store.
-func sweep(url string) (left []string) {
-	if url == "" {
-		return nil
-	}
-	env := broker{url: url}.env()
-	list := exec.Command(seminitBin, "list", "--json")
-	list.Env = env
-	out, err := list.Output()
-	if err != nil {
-		return []string{"(list: " + err.Error() + ")"}
-	}
-	var sems []struct{ Name string }
-	if err := json.Unmarshal(out, &sems); err != nil {
-		return []string{"(list: " + err.Error() + ")"}
-	}
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		busy = make(chan struct{}, 4)
-	)
-	for _, s := range sems {
-		if !strings.HasPrefix(s.Name, "t"+runID+"-") {
-			continue
-		}
-		wg.Go(func() {
-			busy <- struct{}{}
-			defer func() { <-busy }()
-			del := exec.Command(seminitBin, "delete", "--force", "--name", s.Name)
-			del.Env = env
-			del.WaitDelay = time.Second
-			if out, err := del.CombinedOutput(); err != nil {
-				mu.Lock()
-				left = append(left, fmt.Sprintf("%s (%v: %s)", s.Name, err, bytes.TrimSpace(out)))
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return left
 }
 
 // startServer runs `seminit server` on a free port and waits until it has

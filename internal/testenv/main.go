@@ -87,7 +87,7 @@ func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 	setup(b)
 	code := m.Run()
 	if b.Rabbit != nil {
-		if left := sweep(b.Rabbit.URL); len(left) > 0 {
+		if left := Sweep(b.Rabbit.URL, semtest.RunID); len(left) > 0 {
 			fmt.Fprintf(os.Stderr, "could not delete %d semaphores the tests made on RabbitMQ: %s\n", len(left), strings.Join(left, "; "))
 		}
 	}
@@ -106,11 +106,11 @@ func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 	return code
 }
 
-// sweep force-deletes the semaphores this test process made on the
-// RabbitMQ at url (their names contain semtest.RunID), which outlives the
-// run, and returns what it could not delete. The embedded NATS goes with
-// its temporary store.
-func sweep(url string) (left []string) {
+// Sweep force-deletes the semaphores whose names contain mark (a run's id:
+// semtest.RunID) on the RabbitMQ at url (one URL, or a cluster's
+// comma-separated list), which outlives the run, and returns what it could
+// not delete. An embedded NATS goes with its temporary store.
+func Sweep(url, mark string) (left []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := amqpsem.Dial(ctx, url)
@@ -128,7 +128,7 @@ func sweep(url string) (left []string) {
 		busy = make(chan struct{}, 4)
 	)
 	for _, in := range infos {
-		if !strings.Contains(in.Name, semtest.RunID) {
+		if !strings.Contains(in.Name, mark) {
 			continue
 		}
 		wg.Go(func() {
