@@ -51,6 +51,15 @@ func flagsOf(verb string) []string {
 	return fs
 }
 
+// wordsAfter is what completes after verb v: its flags, or the shells
+// after completion.
+func wordsAfter(v string, flags map[string][]string) []string {
+	if v == "completion" {
+		return []string{"bash", "zsh", "fish"}
+	}
+	return flags[v]
+}
+
 func writeBash(w io.Writer, verbs []string, flags map[string][]string) {
 	fmt.Fprintf(w, `# seminit completion for bash: source <(seminit completion bash)
 _seminit() {
@@ -65,13 +74,7 @@ _seminit() {
 	case ${COMP_WORDS[1]} in
 `, strings.Join(verbs, " "))
 	for _, v := range verbs {
-		words := flags[v]
-		if v == "completion" {
-			words = []string{"bash", "zsh", "fish"}
-		}
-		if v == "help" {
-			continue
-		}
+		words := wordsAfter(v, flags)
 		fmt.Fprintf(w, "\t%s) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n", v, strings.Join(words, " "))
 	}
 	fmt.Fprintf(w, "\thelp) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n\tesac\n}\ncomplete -o default -F _seminit seminit\n", strings.Join(verbs, " "))
@@ -80,10 +83,7 @@ _seminit() {
 func writeZsh(w io.Writer, verbs []string, flags map[string][]string) {
 	fmt.Fprintf(w, "#compdef seminit\n# seminit completion for zsh: source <(seminit completion zsh)\n_seminit() {\n\tif ((CURRENT == 2)); then\n\t\tcompadd -- %s help\n\t\treturn\n\tfi\n\t(( ${words[(I)--]} > 1 && ${words[(I)--]} < CURRENT )) && { _normal; return }\n\tcase $words[2] in\n", strings.Join(verbs, " "))
 	for _, v := range verbs {
-		words := flags[v]
-		if v == "completion" {
-			words = []string{"bash", "zsh", "fish"}
-		}
+		words := wordsAfter(v, flags)
 		fmt.Fprintf(w, "\t%s) compadd -- %s ;;\n", v, strings.Join(words, " "))
 	}
 	fmt.Fprintf(w, "\thelp) compadd -- %s ;;\n\tesac\n}\ncompdef _seminit seminit\n", strings.Join(verbs, " "))
