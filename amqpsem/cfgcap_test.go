@@ -86,10 +86,21 @@ func TestOversizedConfigNotKept(t *testing.T) {
 	t.Logf("publish of %d bytes: confirmed %v", oversized, ok)
 
 	c := dial(t, broker.Addr, 0)
+	// The broker may take seconds to store and drop 60 MB on a loaded
+	// machine, and a read with a 1 s request timeout then finds it silent
+	// (ErrUnavailable): read again until it answers, measuring every try.
 	var err error
-	peak, total := heapCost(func() {
-		_, err = amqpsem.Open(t.Context(), c, n, amqpsem.WithRequestTimeout(time.Second))
-	})
+	var peak, total uint64
+	for try := 1; ; try++ {
+		p, a := heapCost(func() {
+			_, err = amqpsem.Open(t.Context(), c, n, amqpsem.WithRequestTimeout(time.Second))
+		})
+		peak, total = max(peak, p), total+a
+		if !errors.Is(err, tokensem.ErrUnavailable) || try == 20 {
+			break
+		}
+		t.Logf("open %d after the publish: %v", try, err)
+	}
 	t.Logf("open after the publish: heap grew by at most %d kB, %d kB allocated; %v", peak>>10, total>>10, err)
 	if err != nil && !errors.Is(err, tokensem.ErrInvalidRecord) {
 		t.Errorf("open: %v, want it to work or ErrInvalidRecord", err)

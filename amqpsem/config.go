@@ -349,6 +349,12 @@ const configWait = 100 * time.Millisecond
 func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool, err error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			// loadConfig's window, or the caller's ctx, ended while the
+			// broker had not yet opened a channel: the broker's silence
+			// (loadConfig returns ctx.Err() itself if it was the caller's).
+			err = wrapBrokerErr("reading the configuration of "+s.name, errors.New("the broker opened no channel in time"))
+		}
 		return config{}, false, err
 	}
 	defer ch.Close()

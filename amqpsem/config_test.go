@@ -12,6 +12,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/driver"
+	"github.com/tokensem/tokensem/internal/faultproxy"
 	"github.com/tokensem/tokensem/internal/semtest"
 )
 
@@ -52,6 +53,7 @@ func configMessages(t *testing.T, name string) int {
 // TestConfigExistsOnce: concurrent resizes and reads leave exactly one
 // configuration message, the newest.
 func TestConfigExistsOnce(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	initAMQP(t, n, 2)
 	ctx := semtest.Context(t, time.Minute)
@@ -107,6 +109,7 @@ func TestConfigExistsOnce(t *testing.T) {
 // configuration as "creating" and some tokens. Open refuses the semaphore;
 // the next Init starts the creation over and leaves exactly N tokens.
 func TestInitResumesDeadCreation(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	ch := rawChannel(t)
 	cfgQ := "tokensem." + n + ".cfg"
@@ -152,6 +155,7 @@ func TestInitResumesDeadCreation(t *testing.T) {
 // its bindings, comes back with the next write: a resize from 1 to 2
 // writes the configuration and issues the new token through it.
 func TestDeletedExchangeMadeAgain(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	s := initAMQP(t, n, 1)
 	if err := rawChannel(t).ExchangeDelete("tokensem."+n+".x", false, false); err != nil {
@@ -168,4 +172,32 @@ func TestDeletedExchangeMadeAgain(t *testing.T) {
 	if err := rawChannel(t).ExchangeDeclarePassive("tokensem."+n+".x", amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		t.Fatalf("the exchange after the resize: %v", err)
 	}
+}
+
+// TestSilentBrokerOpenIsUnavailable: a broker that does not open a channel
+// within a configuration read's window makes Open fail with an error
+// wrapping tokensem.ErrUnavailable (transient: the CLI retries it), not a
+// bare "context deadline exceeded" while the caller's context is alive.
+// (A 60 MB publish once held RabbitMQ up that long on a loaded machine.)
+func TestSilentBrokerOpenIsUnavailable(t *testing.T) {
+	t.Parallel()
+	n := name(t)
+	initAMQP(t, n, 1)
+	px, err := faultproxy.New(broker.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	c := dial(t, px.Addr(), 0)
+	px.Pause()
+	defer px.Resume()
+	ctx := semtest.Context(t, time.Minute)
+	_, err = amqpsem.Open(ctx, c, n, amqpsem.WithRequestTimeout(200*time.Millisecond))
+	if ctx.Err() != nil {
+		t.Fatalf("open outlived its caller's minute: %v", err)
+	}
+	if !errors.Is(err, tokensem.ErrUnavailable) {
+		t.Fatalf("open through a silent broker: %v, want an error wrapping ErrUnavailable", err)
+	}
+	t.Logf("open through a silent broker: %v", err)
 }
