@@ -12,6 +12,7 @@ import (
 // The admin lock: exclusive while its holder renews it, free after unlock,
 // and taken over once a holder that died stops renewing it.
 func TestAdminLock(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	ctx := testContext(t)
 	a, err := Init(ctx, dial(t, srv), "lock", 1, WithHolderName("a"))

@@ -20,44 +20,84 @@ func Run(t *testing.T, b Backend) {
 	tests := []struct {
 		name string
 		fn   func(*testing.T, Backend)
+		// alone: the case measures the whole process (allocated) and
+		// runs before the others start.
+		alone bool
 	}{
-		{"InitOpenStatus", testInitOpenStatus},
-		{"InitIdempotentAndMismatch", testInitIdempotentAndMismatch},
-		{"BadInput", testBadInput},
-		{"TryAcquire", testTryAcquire},
-		{"AtMostNUnderContention", testAtMostN},
-		{"FIFO", testFIFO},
-		{"CancelStrandsNothing", testCancelStrandsNothing},
-		{"CancelRaceStrandsNothing", testCancelRace},
-		{"DoubleRelease", testDoubleRelease},
-		{"FenceGrowsPerHandoff", testFence},
-		{"SilentHolderLosesPermit", testSilentHolder},
-		{"StaleHolderReleasesLate", testStaleRelease},
-		{"CrashedHolder", testCrashedHolder},
-		{"JunkInStore", testJunk},
-		{"SignedTokens", testSigned},
-		{"DoCancelsOnLoss", testDoCancelsOnLoss},
-		{"Close", testClose},
-		{"GrowSeenByStaleClient", testGrowSeenByStaleClient},
-		{"ConcurrentResizeAndReconcile", testConcurrentAdmin},
-		{"Delete", testDelete},
-		{"DeleteRacingInit", testDeleteRacingInit},
-		{"Count", testCount},
-		{"WeightedBasics", testWeightedBasics},
-		{"WeightedCancel", testWeightedCancel},
-		{"WeightedMixed", testWeightedMixed},
-		{"WeightedNoDeadlock", testWeightedNoDeadlock},
-		{"WeightedNoStarvation", testWeightedNoStarvation},
-		{"WeightedLoss", testWeightedLoss},
-		{"WeightedGateRepaired", testWeightedGateRepaired},
-		{"WeightedAfterDelete", testWeightedAfterDelete},
-		{"AcquireAll", testAcquireAll},
-		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
-		{"InvalidConfig", testInvalidConfig},
+		{name: "InitOpenStatus", fn: testInitOpenStatus},
+		{name: "InitIdempotentAndMismatch", fn: testInitIdempotentAndMismatch},
+		{name: "BadInput", fn: testBadInput},
+		{name: "TryAcquire", fn: testTryAcquire},
+		{name: "AtMostNUnderContention", fn: testAtMostN},
+		{name: "FIFO", fn: testFIFO},
+		{name: "CancelStrandsNothing", fn: testCancelStrandsNothing},
+		{name: "CancelRaceStrandsNothing", fn: testCancelRace},
+		{name: "DoubleRelease", fn: testDoubleRelease},
+		{name: "FenceGrowsPerHandoff", fn: testFence},
+		{name: "SilentHolderLosesPermit", fn: testSilentHolder},
+		{name: "StaleHolderReleasesLate", fn: testStaleRelease},
+		{name: "CrashedHolder", fn: testCrashedHolder},
+		{name: "JunkInStore", fn: testJunk},
+		{name: "SignedTokens", fn: testSigned},
+		{name: "DoCancelsOnLoss", fn: testDoCancelsOnLoss},
+		{name: "Close", fn: testClose},
+		{name: "GrowSeenByStaleClient", fn: testGrowSeenByStaleClient},
+		{name: "ConcurrentResizeAndReconcile", fn: testConcurrentAdmin},
+		{name: "Delete", fn: testDelete},
+		{name: "DeleteRacingInit", fn: testDeleteRacingInit},
+		{name: "Count", fn: testCount},
+		{name: "WeightedBasics", fn: testWeightedBasics},
+		{name: "WeightedCancel", fn: testWeightedCancel},
+		{name: "WeightedMixed", fn: testWeightedMixed},
+		{name: "WeightedNoDeadlock", fn: testWeightedNoDeadlock},
+		{name: "WeightedNoStarvation", fn: testWeightedNoStarvation},
+		{name: "WeightedLoss", fn: testWeightedLoss},
+		{name: "WeightedGateRepaired", fn: testWeightedGateRepaired},
+		{name: "WeightedAfterDelete", fn: testWeightedAfterDelete},
+		{name: "AcquireAll", fn: testAcquireAll},
+		{name: "CancelReturnsCtxErr", fn: testCancelReturnsCtxErr},
+		{name: "InvalidConfig", fn: testInvalidConfig, alone: true},
 	}
+	var cases []subtest
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
+		if tc.alone {
+			t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
+			continue
+		}
+		cases = append(cases, subtest{tc.name, func(t *testing.T) { tc.fn(t, b) }})
 	}
+	runSideBySide(t, cases)
+}
+
+// sideBySide is how many of the suite's cases run at once. The cases wait
+// on the broker far more than they compute (the natssem suite keeps a
+// fifth of one core busy when its cases run one after another), and each
+// works on semaphores of its own, so they run side by side. t.Parallel
+// would not do: go test's -parallel (GOMAXPROCS by default) would cap them
+// at two on a 2-core machine, and would also run them beside other
+// packages' tests that stop cluster nodes.
+const sideBySide = 6
+
+// subtest is one named case for runSideBySide.
+type subtest struct {
+	name string
+	fn   func(*testing.T)
+}
+
+// runSideBySide runs cases as subtests of t, at most sideBySide at once,
+// and returns when all have ended. testing allows t.Run from several
+// goroutines while t's own function has not returned.
+func runSideBySide(t *testing.T, cases []subtest) {
+	slots := make(chan struct{}, sideBySide)
+	var wg sync.WaitGroup
+	for _, c := range cases {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			t.Run(c.name, c.fn)
+		})
+	}
+	wg.Wait()
 }
 
 var nameSeq atomic.Int64
