@@ -74,8 +74,8 @@ func Run(t *testing.T, b Backend) {
 // fifth of one core busy when its cases run one after another), and each
 // works on semaphores of its own, so they run side by side. t.Parallel
 // would not do: go test's -parallel (GOMAXPROCS by default) would cap them
-// at two on a 2-core machine, and would also run them beside other
-// packages' tests that stop cluster nodes.
+// at two on a 2-core machine, and the suite's speed would depend on a flag
+// its callers pass.
 const sideBySide = 6
 
 // subtest is one named case for runSideBySide.
