@@ -96,9 +96,17 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 	val, _ := json.Marshal(me)
 	h := &lockHold{s: s, me: me, val: val, stop: make(chan struct{}), done: make(chan struct{})}
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
+	seen := "" // the holder the last try that read the lock found
 	for {
 		sent := time.Now()
 		rev, holder, err := h.try(ctx)
+		if holder != "" {
+			seen = holder
+		}
+		if cerr := ctx.Err(); cerr != nil && err != nil && seen != "" {
+			// A try the deadline cut short still says whom it waited for.
+			return nil, fmt.Errorf("natssem: waiting for the admin lock (held by %s): %w", seen, cerr)
+		}
 		if err == nil {
 			h.rev, h.sent = rev, sent
 			// The life the lock belongs to, read while it is provably ours
@@ -130,8 +138,8 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 			return nil, err
 		}
 		if err := pause.Wait(ctx, s.done); err != nil {
-			if holder != "" {
-				return nil, fmt.Errorf("natssem: waiting for the admin lock (held by %s): %w", holder, err)
+			if seen != "" {
+				return nil, fmt.Errorf("natssem: waiting for the admin lock (held by %s): %w", seen, err)
 			}
 			return nil, err
 		}
