@@ -333,6 +333,20 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 	}
 }
 
+// configChannel opens the channel of one try of a configuration read or
+// write. If ctx (the try's retry window, within the caller's context) ends
+// before the broker opens it, the broker was silent: the error wraps
+// tokensem.ErrUnavailable and says what, not a bare "context deadline
+// exceeded" while the caller's context may be alive (the retry loops
+// return ctx.Err() itself when it was the caller's that ended).
+func (s *Semaphore) configChannel(ctx context.Context, what string) (*channel, error) {
+	ch, _, err := s.c.channel(ctx)
+	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) { // not a lost lock, or a Close
+		err = wrapBrokerErr(what, errors.New("the broker opened no channel in time"))
+	}
+	return ch, err
+}
+
 // configWait is how long a read waits for the configuration message
 // before it asks whether another reader holds it or none exists.
 const configWait = 100 * time.Millisecond
@@ -347,14 +361,8 @@ const configWait = 100 * time.Millisecond
 // a reader that holds the message, and gets it when that one requeues it.
 // Closing the channel requeues the message.
 func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool, err error) {
-	ch, _, err := s.c.channel(ctx)
+	ch, err := s.configChannel(ctx, "reading the configuration of "+s.name)
 	if err != nil {
-		if ctx.Err() != nil {
-			// loadConfig's window, or the caller's ctx, ended while the
-			// broker had not yet opened a channel: the broker's silence
-			// (loadConfig returns ctx.Err() itself if it was the caller's).
-			err = wrapBrokerErr("reading the configuration of "+s.name, errors.New("the broker opened no channel in time"))
-		}
 		return config{}, false, err
 	}
 	defer ch.Close()
@@ -616,7 +624,7 @@ func (s *Semaphore) writeConfigAll(ctx context.Context, next config, all bool) e
 // writeConfigOnce is one try of writeConfig: done false and no error means
 // a reader held the message.
 func (s *Semaphore) writeConfigOnce(ctx context.Context, next config, all bool) (bool, error) {
-	ch, _, err := s.c.channel(ctx)
+	ch, err := s.configChannel(ctx, "opening a channel")
 	if err != nil {
 		return false, err
 	}
