@@ -17,54 +17,49 @@ import (
 
 // Run runs the whole conformance suite against b.
 func Run(t *testing.T, b Backend) {
+	// InvalidConfig measures every byte the process allocates (see
+	// allocated): it runs first, alone.
+	t.Run("InvalidConfig", func(t *testing.T) { testInvalidConfig(t, b) })
 	tests := []struct {
 		name string
 		fn   func(*testing.T, Backend)
-		// alone: the case measures the whole process (allocated) and
-		// runs before the others start.
-		alone bool
 	}{
-		{name: "InitOpenStatus", fn: testInitOpenStatus},
-		{name: "InitIdempotentAndMismatch", fn: testInitIdempotentAndMismatch},
-		{name: "BadInput", fn: testBadInput},
-		{name: "TryAcquire", fn: testTryAcquire},
-		{name: "AtMostNUnderContention", fn: testAtMostN},
-		{name: "FIFO", fn: testFIFO},
-		{name: "CancelStrandsNothing", fn: testCancelStrandsNothing},
-		{name: "CancelRaceStrandsNothing", fn: testCancelRace},
-		{name: "DoubleRelease", fn: testDoubleRelease},
-		{name: "FenceGrowsPerHandoff", fn: testFence},
-		{name: "SilentHolderLosesPermit", fn: testSilentHolder},
-		{name: "StaleHolderReleasesLate", fn: testStaleRelease},
-		{name: "CrashedHolder", fn: testCrashedHolder},
-		{name: "JunkInStore", fn: testJunk},
-		{name: "SignedTokens", fn: testSigned},
-		{name: "DoCancelsOnLoss", fn: testDoCancelsOnLoss},
-		{name: "Close", fn: testClose},
-		{name: "GrowSeenByStaleClient", fn: testGrowSeenByStaleClient},
-		{name: "ConcurrentResizeAndReconcile", fn: testConcurrentAdmin},
-		{name: "Delete", fn: testDelete},
-		{name: "DeleteRacingInit", fn: testDeleteRacingInit},
-		{name: "Count", fn: testCount},
-		{name: "WeightedBasics", fn: testWeightedBasics},
-		{name: "WeightedCancel", fn: testWeightedCancel},
-		{name: "WeightedMixed", fn: testWeightedMixed},
-		{name: "WeightedNoDeadlock", fn: testWeightedNoDeadlock},
-		{name: "WeightedNoStarvation", fn: testWeightedNoStarvation},
-		{name: "WeightedLoss", fn: testWeightedLoss},
-		{name: "WeightedGateRepaired", fn: testWeightedGateRepaired},
-		{name: "WeightedAfterDelete", fn: testWeightedAfterDelete},
-		{name: "AcquireAll", fn: testAcquireAll},
-		{name: "CancelReturnsCtxErr", fn: testCancelReturnsCtxErr},
-		{name: "InvalidConfig", fn: testInvalidConfig, alone: true},
+		{"InitOpenStatus", testInitOpenStatus},
+		{"InitIdempotentAndMismatch", testInitIdempotentAndMismatch},
+		{"BadInput", testBadInput},
+		{"TryAcquire", testTryAcquire},
+		{"AtMostNUnderContention", testAtMostN},
+		{"FIFO", testFIFO},
+		{"CancelStrandsNothing", testCancelStrandsNothing},
+		{"CancelRaceStrandsNothing", testCancelRace},
+		{"DoubleRelease", testDoubleRelease},
+		{"FenceGrowsPerHandoff", testFence},
+		{"SilentHolderLosesPermit", testSilentHolder},
+		{"StaleHolderReleasesLate", testStaleRelease},
+		{"CrashedHolder", testCrashedHolder},
+		{"JunkInStore", testJunk},
+		{"SignedTokens", testSigned},
+		{"DoCancelsOnLoss", testDoCancelsOnLoss},
+		{"Close", testClose},
+		{"GrowSeenByStaleClient", testGrowSeenByStaleClient},
+		{"ConcurrentResizeAndReconcile", testConcurrentAdmin},
+		{"Delete", testDelete},
+		{"DeleteRacingInit", testDeleteRacingInit},
+		{"Count", testCount},
+		{"WeightedBasics", testWeightedBasics},
+		{"WeightedCancel", testWeightedCancel},
+		{"WeightedMixed", testWeightedMixed},
+		{"WeightedNoDeadlock", testWeightedNoDeadlock},
+		{"WeightedNoStarvation", testWeightedNoStarvation},
+		{"WeightedLoss", testWeightedLoss},
+		{"WeightedGateRepaired", testWeightedGateRepaired},
+		{"WeightedAfterDelete", testWeightedAfterDelete},
+		{"AcquireAll", testAcquireAll},
+		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
 	}
-	var cases []subtest
-	for _, tc := range tests {
-		if tc.alone {
-			t.Run(tc.name, func(t *testing.T) { tc.fn(t, b) })
-			continue
-		}
-		cases = append(cases, subtest{tc.name, func(t *testing.T) { tc.fn(t, b) }})
+	cases := make([]subtest, len(tests))
+	for i, tc := range tests {
+		cases[i] = subtest{tc.name, func(t *testing.T) { tc.fn(t, b) }}
 	}
 	runSideBySide(t, cases)
 }
