@@ -97,6 +97,14 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 	h := &lockHold{s: s, me: me, val: val, stop: make(chan struct{}), done: make(chan struct{})}
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 	seen := "" // the holder the last try that read the lock found
+	// waited is the error of a wait that ends with err: it names the
+	// holder a try found, even if the try the end cut short found none.
+	waited := func(err error) error {
+		if seen == "" {
+			return err
+		}
+		return fmt.Errorf("natssem: waiting for the admin lock (held by %s): %w", seen, err)
+	}
 	for {
 		sent := time.Now()
 		rev, holder, err := h.try(ctx)
@@ -104,8 +112,7 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 			seen = holder
 		}
 		if cerr := ctx.Err(); cerr != nil && err != nil && seen != "" {
-			// A try the deadline cut short still says whom it waited for.
-			return nil, fmt.Errorf("natssem: waiting for the admin lock (held by %s): %w", seen, cerr)
+			return nil, waited(cerr)
 		}
 		if err == nil {
 			h.rev, h.sent = rev, sent
@@ -138,10 +145,7 @@ func (s *Semaphore) takeLock(ctx context.Context) (*lockHold, error) {
 			return nil, err
 		}
 		if err := pause.Wait(ctx, s.done); err != nil {
-			if seen != "" {
-				return nil, fmt.Errorf("natssem: waiting for the admin lock (held by %s): %w", seen, err)
-			}
-			return nil, err
+			return nil, waited(err)
 		}
 	}
 }
