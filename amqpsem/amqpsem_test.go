@@ -252,3 +252,61 @@ func TestListBackToBack(t *testing.T) {
 		}
 	}
 }
+
+// TestListBesideInits: a List sees every semaphore whose Init returned
+// before the List began, while other Inits and Lists run beside it. A
+// List puts the entries it read back before the next reader counts them;
+// an Init publishing meanwhile must not make the next reader miss one.
+func TestListBesideInits(t *testing.T) {
+	ctx := semtest.Context(t, 3*time.Minute)
+	var (
+		mu   sync.Mutex
+		made []string
+	)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(done)
+		c := dial(t, broker.Addr, 0)
+		for i := range 12 {
+			n := name(t) + "-" + strconv.Itoa(i)
+			s, err := amqpsem.Init(ctx, c, n, 1)
+			if err != nil {
+				t.Errorf("init %s: %v", n, err)
+				return
+			}
+			_ = s.Close()
+			t.Cleanup(func() { _ = amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, n) })
+			mu.Lock()
+			made = append(made, n)
+			mu.Unlock()
+		}
+	})
+	for r := range 3 {
+		wg.Go(func() {
+			c := dial(t, broker.Addr, 0)
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				mu.Lock()
+				want := slices.Clone(made)
+				mu.Unlock()
+				infos, err := amqpsem.List(ctx, c)
+				if err != nil {
+					t.Errorf("lister %d, list %d: %v", r, i, err)
+					return
+				}
+				for _, n := range want {
+					if !slices.ContainsFunc(infos, func(in tokensem.Info) bool { return in.Name == n }) {
+						t.Errorf("lister %d, list %d misses %s, whose Init returned before the list began (%d listed)", r, i, n, len(infos))
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

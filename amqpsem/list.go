@@ -46,9 +46,9 @@ import (
 //
 // The age of an entry is read from its publisher's clock: clients whose
 // clocks are more than staleEntry apart could drop the entry of an Init
-// still in progress. A reader reads at least as many entries as the queue
-// counts ready, and puts the others back before it lets the lock go,
-// waiting (up to registryReadMax) until the queue counts them again.
+// still in progress. A reader first waits (up to registryReadMax) until no
+// earlier reader holds entries (see registryReady), then reads at least as
+// many entries as the queue counts ready.
 
 // Registry queue names. A semaphore name cannot be empty, so these never
 // collide with a semaphore's queues (tokensem.NAME...).
@@ -351,7 +351,7 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 		return err
 	}
 	defer unlock()
-	ready, exists, err := s.queueMessages(ctx, registryQueue)
+	ready, exists, err := s.registryReady(ctx)
 	if err != nil || !exists {
 		if err == nil {
 			_, err = fn(nil)
@@ -385,9 +385,10 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 	if err != nil {
 		return wrapBrokerErr("read the registry", err)
 	}
-	// Every entry is ready (only lock holders take them, and the last one
-	// waited for its requeue to land): read at least the ready count, then
-	// until the queue goes quiet (a concurrent Init may add one).
+	// Every entry is ready (only lock holders take them, and registryReady
+	// waited for the last one's to be back): read at least the ready
+	// count, then until the queue goes quiet (a concurrent Init may add
+	// one).
 	var entries []registered
 	quiet := time.NewTimer(registryQuiet)
 	defer quiet.Stop()
@@ -424,19 +425,32 @@ read:
 			return wrapBrokerErr("update the registry", err)
 		}
 	}
-	// Closing the channel puts the other entries back; the queue counts
-	// them ready only a moment later. Wait for that under the lock, so that
-	// the next reader's count includes them (a List right after another
-	// once missed an entry).
-	_ = ch.Close()
-	kept := len(entries) - len(drop)
+	return nil // closing the channel puts the other entries back
+}
+
+// registryReady returns the number of entries ready in the registry once
+// no earlier reader holds any, and whether the registry exists. A reader
+// puts back the entries it keeps by closing its channel (or by dying),
+// and the queue takes them back only a moment later, maybe after the
+// registry's lock is free: a count taken before then is short, and the
+// next reader missed entries (an Init's, returned before the List began).
+// The quorum queue drops a consumer and takes back its entries in one
+// step, so "no consumer" means every entry is back. Only lock holders
+// consume the registry; one that still has a consumer after
+// registryReadMax (a registry read outside the lock, or a holder on a
+// node cut off from the queue's) is listed around, with a warning.
+func (s *Semaphore) registryReady(ctx context.Context) (int, bool, error) {
 	for deadline := time.Now().Add(registryReadMax); ; {
-		n, _, err := s.queueMessages(ctx, registryQueue)
-		if err != nil || n >= kept || time.Now().After(deadline) {
-			return nil
+		q, exists, err := s.queueInfo(ctx, registryQueue)
+		if err != nil || !exists || q.Consumers == 0 {
+			return q.Messages, exists, err
+		}
+		if time.Now().After(deadline) {
+			s.log.Warn("another reader still holds registry entries; reading those ready", "readers", q.Consumers, "ready", q.Messages)
+			return q.Messages, true, nil
 		}
 		if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
-			return nil
+			return 0, false, err
 		}
 	}
 }
@@ -446,8 +460,8 @@ const listParallel = 16
 
 // registryQuiet is how long the registry must stay silent, once it has
 // delivered the entries it counted, before a reader takes it to have
-// delivered every entry; registryReadMax bounds the wait for the counted
-// entries, and for the put-back ones to be counted again.
+// delivered every entry; registryReadMax bounds the wait for an earlier
+// reader's entries to be back, and for the counted ones.
 const (
 	registryMargin  = 64 // entries an Init may add during a read
 	registryQuiet   = 200 * time.Millisecond

@@ -1,11 +1,15 @@
 package amqpsem_test
 
 import (
+	"math"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/semtest"
 )
@@ -44,4 +48,42 @@ func TestListPastTwoThousandEntries(t *testing.T) {
 		}
 	}
 	t.Fatalf("List of %d semaphores misses %s, registered after 2,100 other entries", len(infos), n)
+}
+
+// TestListWaitsForEntriesPutBack: a reader puts the registry entries it
+// keeps back by closing its channel (or by dying), and the queue takes
+// them back a moment later, maybe after the registry's lock is free. A
+// List that counted the entries before then read too few and missed a
+// semaphore whose Init had returned. Here an earlier reader still holds
+// every entry for a second after the List begins.
+func TestListWaitsForEntriesPutBack(t *testing.T) {
+	n := name(t)
+	initAMQP(t, n, 1)
+	ch := rawChannel(t)
+	if err := ch.Qos(math.MaxUint16, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume("tokensem..registry", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for held := false; !held; {
+		select {
+		case d := <-deliveries:
+			held = strings.Contains(string(d.Body), `"`+n+`"`)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the registry delivered no entry for %s", n)
+		}
+	}
+	go func() {
+		time.Sleep(time.Second)
+		_ = ch.Close() // puts every entry back
+	}()
+	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(infos, func(in tokensem.Info) bool { return in.Name == n }) {
+		t.Fatalf("List of %d semaphores misses %s, whose entry an earlier reader held when it began", len(infos), n)
+	}
 }
