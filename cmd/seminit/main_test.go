@@ -106,7 +106,7 @@ func testMain(m *testing.M) int {
 		code = 1
 	}
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(testenv.ServerLeaks...); err != nil {
 			fmt.Fprintln(os.Stderr, "leaked goroutines:", err)
 			code = 1
 		}
