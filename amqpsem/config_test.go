@@ -53,6 +53,7 @@ func configMessages(t *testing.T, name string) int {
 // TestConfigExistsOnce: concurrent resizes and reads leave exactly one
 // configuration message, the newest.
 func TestConfigExistsOnce(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	initAMQP(t, n, 2)
 	ctx := semtest.Context(t, time.Minute)
@@ -108,6 +109,7 @@ func TestConfigExistsOnce(t *testing.T) {
 // configuration as "creating" and some tokens. Open refuses the semaphore;
 // the next Init starts the creation over and leaves exactly N tokens.
 func TestInitResumesDeadCreation(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	ch := rawChannel(t)
 	cfgQ := "tokensem." + n + ".cfg"
@@ -153,6 +155,7 @@ func TestInitResumesDeadCreation(t *testing.T) {
 // its bindings, comes back with the next write: a resize from 1 to 2
 // writes the configuration and issues the new token through it.
 func TestDeletedExchangeMadeAgain(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	s := initAMQP(t, n, 1)
 	if err := rawChannel(t).ExchangeDelete("tokensem."+n+".x", false, false); err != nil {
@@ -177,6 +180,7 @@ func TestDeletedExchangeMadeAgain(t *testing.T) {
 // bare "context deadline exceeded" while the caller's context is alive.
 // (A 60 MB publish once held RabbitMQ up that long on a loaded machine.)
 func TestSilentBrokerOpenIsUnavailable(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	initAMQP(t, n, 1)
 	px, err := faultproxy.New(broker.Addr)

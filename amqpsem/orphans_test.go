@@ -41,6 +41,7 @@ func openAMQP(t *testing.T, n string, opts ...amqpsem.Option) *amqpsem.Semaphore
 // it admits no one, and whoever meets it first (a waiter, or a reconcile)
 // removes it.
 func TestOrphanRepair(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	admin := initAMQP(t, n, 1)
 	giveBack := orphan(t, n)
@@ -82,6 +83,7 @@ func TestOrphanRepair(t *testing.T) {
 // TestOrphanRepairOff: with the check off, the waiter of TestOrphanRepair
 // waits out its deadline (what every waiter did before the check).
 func TestOrphanRepairOff(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	initAMQP(t, n, 1)
 	orphan(t, n)
@@ -97,6 +99,7 @@ func TestOrphanRepairOff(t *testing.T) {
 // TestOrphanCheckLeavesHeldSlots: waiters behind holders that keep every
 // slot run several checks and issue nothing.
 func TestOrphanCheckLeavesHeldSlots(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	admin := initAMQP(t, n, 2)
 	for range 2 {

@@ -106,6 +106,7 @@ func wantDenied(t testing.TB, what string, err error, took time.Duration, perm, 
 // exchanges made it (no exchange): its clients need nothing new, and its
 // admin's first write gives it one.
 func TestRoles(t *testing.T) {
+	t.Parallel()
 	vhost, guestURL := rightsVhost(t)
 	a, b := "sem", "sem-b" // b's name starts with a's
 	ctx := semtest.Context(t, 3*time.Minute)
@@ -360,6 +361,7 @@ func rawDo(t testing.TB, u string, do func(*amqp.Channel) error) {
 // record published before a resize's write outlived it: the 10
 // holders of 3 permits.)
 func TestExtraConfigRecordRefused(t *testing.T) {
+	t.Parallel()
 	vhost, guestURL := rightsVhost(t)
 	n := "forged"
 	ctx := semtest.Context(t, 2*time.Minute)
@@ -421,6 +423,7 @@ func TestExtraConfigRecordRefused(t *testing.T) {
 // the ready tokens for duplicates of held slots and removing them; once
 // the squatter goes, the semaphore is whole.
 func TestClaimSquatting(t *testing.T) {
+	t.Parallel()
 	vhost, guestURL := rightsVhost(t)
 	n := "squat"
 	ctx := semtest.Context(t, 2*time.Minute)

@@ -69,6 +69,7 @@ func proxiedOpen(t *testing.T, n string, opts ...amqpsem.Option) (*faultproxy.Pr
 // orphans finds the slot without a claim; it must not hold a permit of the
 // slot until the stalled holder has given its permit up.
 func TestStalledHolderLosesClaimQueue(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	initAMQP(t, n, 1)
 	px, h := proxiedOpen(t, n)
@@ -106,6 +107,7 @@ func TestStalledHolderLosesClaimQueue(t *testing.T) {
 // fences of the slot's successive holders must keep growing, through a
 // reconcile that removes one of the two tokens.
 func TestFencesNeverGoBack(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	admin := initAMQP(t, n, 1)
 	giveBack := orphan(t, n)
@@ -154,6 +156,7 @@ func TestFencesNeverGoBack(t *testing.T) {
 // must not keep its permit into the new life, and the new life's fences
 // start above the old one's.
 func TestForceDeleteReachesStalledHolderLate(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	c := dial(t, broker.Addr, 0)
 	s1, err := amqpsem.Init(t.Context(), c, n, 1)
@@ -199,6 +202,7 @@ func TestForceDeleteReachesStalledHolderLate(t *testing.T) {
 // TestFencesGrowAcrossLives: Delete, then Init of the same name: the new
 // life's fences start above every fence of the old one.
 func TestFencesGrowAcrossLives(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	c := dial(t, broker.Addr, 0)
 	var last uint64
@@ -280,6 +284,7 @@ func queueExists(t *testing.T, conn *amqp.Connection, q string) bool {
 // between two calls (the next one opens a channel on the new connection)
 // is chance, so the test cuts several deletes.
 func TestDeleteStopsWhenItsLockIsLost(t *testing.T) {
+	t.Parallel()
 	const rounds, permits = 5, 80
 	conn, err := amqp.Dial(broker.URL)
 	if err != nil {
@@ -343,6 +348,7 @@ func TestDeleteStopsWhenItsLockIsLost(t *testing.T) {
 // once and someone else takes the lock. The repair must not publish
 // anything after the loss.
 func TestReconcileStopsWhenItsLockIsLost(t *testing.T) {
+	t.Parallel()
 	n := name(t)
 	admin := initAMQP(t, n, 3)
 	for range 3 {
@@ -507,6 +513,7 @@ func TestCancelledWaitReturnsCtxErr(t *testing.T) {
 // put the end of ctx at every step of an Init; after each, the lock queue
 // must be gone soon after (15 s at most), as another connection sees it.
 func TestAbandonedInitLeavesNoLock(t *testing.T) {
+	t.Parallel()
 	c := dial(t, broker.Addr, 0)
 	conn, err := amqp.Dial(broker.URL)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/tokensem/tokensem/internal/freeport"
 	"github.com/tokensem/tokensem/internal/rabbittest"
 	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/internal/testenv"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
 	"github.com/tokensem/tokensem/reconciler"
@@ -30,6 +31,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(WorkerEnv) != "" {
 		os.Exit(RunWorker())
 	}
+	testenv.WaitBound()
 	os.Exit(m.Run())
 }
 
@@ -236,6 +238,7 @@ func TestChaosNATSCluster(t *testing.T) {
 // else uses meanwhile, so not in `go test ./...`, where other packages
 // share it.
 func TestChaosAMQP(t *testing.T) {
+	t.Parallel() // RabbitMQ's chaos runs side by side, after the NATS ones
 	p := chosenProfile(t)
 	b := rabbittest.Need(t)
 	c, err := amqpsem.Dial(semtest.Context(t, time.Minute), b.URL)
@@ -321,6 +324,7 @@ func waitJetStream(t *testing.T, nc *nats.Conn) {
 // that no slot is ever held twice beyond what the faults allow, and one
 // reconcile at the end must leave N usable tokens.
 func TestChaosAMQPCluster(t *testing.T) {
+	t.Parallel() // RabbitMQ's chaos runs side by side, after the NATS ones
 	p := chosenProfile(t)
 	c := rabbittest.NeedCluster(t)
 	conn, err := amqpsem.Dial(semtest.Context(t, time.Minute), c.URLsFrom("tsa"))

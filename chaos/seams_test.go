@@ -585,6 +585,7 @@ func (a *natsAdmin) close() {
 
 // TestChaosSeamsRabbit: the seam scenario on RabbitMQ.
 func TestChaosSeamsRabbit(t *testing.T) {
+	t.Parallel() // RabbitMQ's chaos runs side by side, after the NATS ones
 	p := seamProfile(t)
 	b := rabbittest.Need(t)
 	c, err := amqpsem.Dial(semtest.Context(t, time.Minute), b.URL)

@@ -128,6 +128,7 @@ func stalledDeleteWorker() int {
 // life must stay usable (Open works, its configuration says ready) and its
 // holder must keep its permit.
 func TestAttackDeleteFrozenAfterTakingTheLock(t *testing.T) {
+	t.Parallel()
 	for _, held := range []bool{true, false} {
 		t.Run(map[bool]string{true: "new life held", false: "new life idle"}[held], func(t *testing.T) {
 			deleteFrozenAfterTakingTheLock(t, held)
@@ -433,6 +434,7 @@ func startWorker(t *testing.T, job string, env ...string) (*exec.Cmd, <-chan str
 // have work. The frozen reconcile resumes: it must repair nothing (its lock
 // was taken over), and a reconcile of the new life then repairs it.
 func TestAttackReconcileFrozenAfterTakingTheLock(t *testing.T) {
+	t.Parallel()
 	const (
 		lease   = 2 * time.Second
 		lockTTL = 1500 * time.Millisecond

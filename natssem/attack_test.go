@@ -319,6 +319,7 @@ func holdersConsumer(t *testing.T, ctx context.Context, js jetstream.JetStream, 
 // for it). When the ForceDelete returns, Init makes the name again with one
 // permit and a client holds it: C must not believe it holds a permit then.
 func TestAttackShrunkSlotClaimedDuringForceDelete(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		group bool
@@ -460,6 +461,7 @@ func shrunkSlotDuringForceDelete(t *testing.T, st site, group bool) {
 // TestAttackClusterShrunkSlotClaimedDuringForceDelete is
 // TestAttackShrunkSlotClaimedDuringForceDelete on the 3-node cluster (R3).
 func TestAttackClusterShrunkSlotClaimedDuringForceDelete(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		group bool
@@ -704,6 +706,7 @@ func reconcileOnce(ctx context.Context, s *natssem.Semaphore) (reconciler.Report
 // (Delete, ForceDelete; other count, other lease) while handles of every
 // earlier life keep acquiring.
 func TestAttackChurnStaleHandles(t *testing.T) {
+	t.Parallel()
 	local := func(t *testing.T, _ int) *nats.Conn { return connect(t, srv.Addr().String()) }
 	for _, tc := range []struct {
 		name string
@@ -835,12 +838,14 @@ func pauseClaimer(t *testing.T, ctx context.Context, addr, name, group string, i
 // a client of B holds every permit of B. C resumes: it must not hold a
 // permit of A, and whatever it holds must fit B's count beside B's holders.
 func TestAttackPausedClaimerAcrossDeleteInit(t *testing.T) {
+	t.Parallel()
 	pausedClaimerAcrossDeleteInit(t, localSite)
 }
 
 // TestAttackClusterPausedClaimerAcrossDeleteInit is
 // TestAttackPausedClaimerAcrossDeleteInit on the 3-node cluster (R3).
 func TestAttackClusterPausedClaimerAcrossDeleteInit(t *testing.T) {
+	t.Parallel()
 	pausedClaimerAcrossDeleteInit(t, func() site { return clusterSite(t) })
 }
 
@@ -1013,6 +1018,7 @@ func TestAttackClusterChurn(t *testing.T) {
 // removes the semaphore while C believes it holds a permit; Init then makes
 // the name again.
 func TestAttackShrunkSlotClaimedDuringDelete(t *testing.T) {
+	t.Parallel()
 	const lease = 3 * time.Second
 	ctx := semtest.Context(t, 2*time.Minute)
 	st := localSite()
@@ -1134,6 +1140,7 @@ func TestAttackShrunkSlotClaimedDuringDelete(t *testing.T) {
 // shorter, the server redelivers held tokens to waiters (who must step
 // away); longer, a crashed holder's permit comes back only after it.
 func TestAttackConcurrentInitsOfANewLife(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		group bool

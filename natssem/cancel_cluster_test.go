@@ -22,6 +22,7 @@ import (
 // on the wire): a token delivered then is lost to everyone until the
 // server's ack wait, a whole lease. The next waiter must get it at once.
 func TestClusterCancelledWaiterStrandsNothing(t *testing.T) {
+	t.Parallel()
 	const (
 		lease  = 30 * time.Second
 		trials = 200
@@ -120,6 +121,7 @@ func TestClusterCancelledWaiterStrandsNothing(t *testing.T) {
 // lets it wait; and a token its own release sends to such a pull comes
 // back to the queue (TryAcquire takes it within a second).
 func TestClusterGivenUpPullIsTakenOver(t *testing.T) {
+	t.Parallel()
 	ctx := semtest.Context(t, 2*time.Minute)
 	name := fmt.Sprintf("taken-over-%d", time.Now().UnixNano())
 	cons := initClusterOfOne(ctx, t, name, natssem.WithMaxWaiters(1))
@@ -196,6 +198,7 @@ func TestClusterGivenUpPullIsTakenOver(t *testing.T) {
 // a pull that does not exist, and one with a shorter deadline would never
 // ask at all.
 func TestClusterDroppedPullIsNotTakenOver(t *testing.T) {
+	t.Parallel()
 	ctx := semtest.Context(t, 2*time.Minute)
 	name := fmt.Sprintf("dropped-pull-%d", time.Now().UnixNano())
 	cons := initClusterOfOne(ctx, t, name, natssem.WithMaxWaiters(1))

@@ -43,6 +43,7 @@ func connectCluster(t testing.TB, first int) *nats.Conn {
 // with a broker error (a lost compare-and-set on a replicated bucket is a
 // conflict, not a failure), and no more than 4 permits may be held at once.
 func TestClusterContention(t *testing.T) {
+	t.Parallel()
 	const (
 		acquirers = 9
 		resizers  = 4
@@ -289,6 +290,7 @@ func clusterLeaderLoss(t *testing.T, group string) {
 // recount (600 repairs on R3, 12 runs of the seminit test beside two busy
 // loops), so it guards the property, not the race.
 func TestClusterRepairCountsItsOwnRemoval(t *testing.T) {
+	t.Parallel()
 	name := fmt.Sprintf("repair-count-%d", time.Now().UnixNano())
 	ctx := semtest.Context(t, 2*time.Minute)
 	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, 3, natssem.WithReplicas(3))

@@ -21,6 +21,7 @@ import (
 // holder's lease again, so that when it returns the holder has learned of
 // its loss and no new semaphore of the name can overlap it.
 func TestForceDeleteCutShort(t *testing.T) {
+	t.Parallel()
 	const name, lease = "force-cut-short", 3 * time.Second
 	s := initNATS(t, name, 1, natssem.WithLease(lease))
 	p, err := s.Acquire(semtest.Context(t, 10*time.Second))

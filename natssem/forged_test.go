@@ -104,6 +104,7 @@ func forEachLayout(t *testing.T, test func(t *testing.T, grouped bool)) {
 // it as a duplicate. It steps away while the record is fresh, and takes the
 // slot over once the record is a lease old.
 func TestForgedHolderRecordDeletesNoToken(t *testing.T) {
+	t.Parallel()
 	forEachLayout(t, func(t *testing.T, grouped bool) {
 		const lease = time.Second
 		f := newForgedSem(t, "forged-holder", grouped, 1, lease)
@@ -139,6 +140,7 @@ func TestForgedHolderRecordDeletesNoToken(t *testing.T) {
 // naming the stream sequence of slot 1's token: the claim that takes slot
 // 0 over must not delete slot 1's token as the silent holder's copy.
 func TestForgedRecordNamesAnotherSlotsToken(t *testing.T) {
+	t.Parallel()
 	forEachLayout(t, func(t *testing.T, grouped bool) {
 		const lease = time.Second
 		f := newForgedSem(t, "forged-other", grouped, 2, lease)

@@ -173,6 +173,7 @@ func TestGroupResizeReachesAClientTrustingTheGeneration(t *testing.T) {
 // the first deleter died between its mark and its bump: the next Delete
 // finds the mark and bumps.
 func TestGroupRemadeKeyReachesAClientTrustingTheGeneration(t *testing.T) {
+	t.Parallel()
 	for _, died := range []bool{false, true} {
 		t.Run(map[bool]string{false: "delete", true: "deleter died after marking"}[died], func(t *testing.T) {
 			srv := startServer(t)

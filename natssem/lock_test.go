@@ -12,6 +12,9 @@ import (
 // The admin lock: exclusive while its holder renews it, free after unlock,
 // and taken over once a holder that died stops renewing it.
 func TestAdminLock(t *testing.T) {
+	// Not t.Parallel: the renewals of a 900 ms lock must keep pace with
+	// the clock, which a quiet CI beside natssem's parallel tests did not
+	// (b's 2 s attempt ended before it had read the lock once).
 	srv := startServer(t)
 	ctx := testContext(t)
 	a, err := Init(ctx, dial(t, srv), "lock", 1, WithHolderName("a"))

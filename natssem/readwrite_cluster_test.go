@@ -23,6 +23,7 @@ import (
 // loaded run of cmd/seminit's TestClusterResizeReconcileExec), and a
 // resize that read the new count where the old one stood did not write it.
 func TestClusterResizeSeesItsWrite(t *testing.T) {
+	t.Parallel()
 	const rounds = 60
 	name := fmt.Sprintf("rw-%d", time.Now().UnixNano())
 	ctx := semtest.Context(t, 2*time.Minute)
@@ -81,6 +82,7 @@ func TestClusterResizeSeesItsWrite(t *testing.T) {
 // retired; admitting it by its stale count would make two permits of a
 // semaphore of one.
 func TestClusterGroupResizeReachesAnIdleClient(t *testing.T) {
+	t.Parallel()
 	name, group := fmt.Sprintf("gen-%d", time.Now().UnixNano()), "gen-cluster"
 	ctx := semtest.Context(t, 2*time.Minute)
 	admin, err := natssem.Init(ctx, connectCluster(t, 0), name, 2, natssem.WithReplicas(3), natssem.WithGroup(group))

@@ -228,6 +228,7 @@ func oneHolderInTheNewLife(t *testing.T, a, b *natssem.Semaphore, newLease time.
 // key of a group, where the handle trusts its configuration by the group's
 // generation, read by an acquire and release just before the Delete.
 func TestSeamRelifeWithAnotherLease(t *testing.T) {
+	t.Parallel()
 	const oldLease, newLease = 30 * time.Second, 3 * time.Second
 	for _, tc := range []struct {
 		name  string
@@ -297,6 +298,7 @@ func TestSeamRelifeWithAnotherLease(t *testing.T) {
 // acquires after its trust window (configTTL) has passed, so it must read
 // something of the new life before it admits.
 func TestSeamGroupRemovedByHand(t *testing.T) {
+	t.Parallel()
 	const oldLease, newLease = 30 * time.Second, 3 * time.Second
 	ctx := semtest.Context(t, 2*time.Minute)
 	group, key := seamName("seam-byhand"), "k"
@@ -355,6 +357,7 @@ func TestSeamGroupRemovedByHand(t *testing.T) {
 // the name again: the first fence of the new life is greater than every
 // fence of the earlier one.
 func TestSeamFencesNeverGoBack(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		group bool
@@ -528,6 +531,7 @@ func (l *lineWatch) String() string {
 // resumes, so that the test does not depend on which of its goroutines the
 // scheduler runs first.
 func TestSeamFrozenDeleteKeepsItsHands(t *testing.T) {
+	t.Parallel()
 	const lease = 3 * time.Second
 	ctx := semtest.Context(t, 3*time.Minute)
 	name := seamName("seam-frozen")

@@ -125,6 +125,7 @@ func TestTooManyLocalWaiters(t *testing.T) {
 // TestWaiterOutlivesPullExpiry: a caller that waits longer than one pull
 // request lives re-issues it and still gets the permit.
 func TestWaiterOutlivesPullExpiry(t *testing.T) {
+	t.Parallel()
 	name := "pull-expiry"
 	s := initNATS(t, name, 1)
 	held, err := s.Acquire(semtest.Context(t, 5*time.Second))

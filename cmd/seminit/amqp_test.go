@@ -11,6 +11,7 @@ import (
 // a semaphore that does not exist, the NATS-only init flags, and refused
 // credentials (whose password must not show).
 func TestAMQPBrokerErrors(t *testing.T) {
+	t.Parallel()
 	rabbit := amqpBroker(t)
 	missing := uniqueName(t)
 

@@ -446,6 +446,7 @@ func amqpsURL(t testing.TB, raw, addr string) string {
 // TestAMQPCredentials: --user/--password against RabbitMQ override the
 // URL's userinfo; NATS-only credentials are usage errors.
 func TestAMQPCredentials(t *testing.T) {
+	t.Parallel()
 	rabbit := amqpBroker(t)
 	u, err := url.Parse(rabbit.url)
 	if err != nil {
@@ -478,6 +479,7 @@ func TestAMQPCredentials(t *testing.T) {
 // TestAMQPTLS: seminit over amqps:// to RabbitMQ behind a TLS-terminating
 // proxy with a test CA's certificate.
 func TestAMQPTLS(t *testing.T) {
+	t.Parallel()
 	rabbit := amqpBroker(t)
 	certs := testcerts.New(t)
 	other := testcerts.New(t)

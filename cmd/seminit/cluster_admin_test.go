@@ -18,6 +18,7 @@ import (
 // left the count moving when it looked). Never more than 4 commands inside
 // at once; afterwards a resize to 3 leaves a healthy semaphore.
 func TestClusterResizeReconcileExec(t *testing.T) {
+	t.Parallel()
 	const (
 		workers = 9
 		admins  = 4

@@ -286,6 +286,7 @@ func (c *seminitCluster) connect(i int) (*nats.Conn, error) {
 // node is SIGKILLed and the other permit is still obtainable; the killed
 // node comes back on its store and reports the holder.
 func TestClusterNodeLoss(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t, 3)
 	name := uniqueName(t)
 	c.broker(0).mustInit(t, name, 2, "--replicas", "3")

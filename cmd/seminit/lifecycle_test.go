@@ -12,7 +12,10 @@ import (
 // TestListDelete: list shows a semaphore; delete refuses (75) while a
 // permit is held and changes nothing; delete --force removes it and the
 // holder's exec exits 70; the name is then free for another count.
-func TestListDelete(t *testing.T) { forEachBroker(t, testListDelete) }
+func TestListDelete(t *testing.T) {
+	t.Parallel()
+	forEachBroker(t, testListDelete)
+}
 
 func testListDelete(t *testing.T, b broker) {
 	name := uniqueName(t)
@@ -83,6 +86,7 @@ func testListDelete(t *testing.T, b broker) {
 // group's keys, delete removes one key; --group is refused on RabbitMQ and
 // when it is not a valid name.
 func TestListDeleteGroup(t *testing.T) {
+	t.Parallel()
 	b := natsBroker()
 	b.group = "cli"
 	testListDelete(t, b)

@@ -91,6 +91,7 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "seminit server:", err)
 		return 1
 	}
+	testenv.WaitBound()
 	code := m.Run()
 	for _, url := range []string{rabbitURL, os.Getenv(rabbittest.ClusterEnv)} {
 		if url == "" {

@@ -104,6 +104,7 @@ func amqpAfterLoss(t *testing.T, c *rabbittest.Cluster, name string, permits int
 // (0); those through tsa lose a permit they held (70) or fail over and
 // finish (0); nobody is told the semaphore is not initialized.
 func TestNodeLossAMQPLeader(t *testing.T) {
+	t.Parallel()
 	amqpNodeLoss(t, "tsa", 3, 4, 2*time.Second, 3*time.Second, 10*time.Second).check(t, 3, true)
 }
 
@@ -112,6 +113,7 @@ func TestNodeLossAMQPLeader(t *testing.T) {
 // claim again): workers through tsc may lose a permit they held, the
 // others may not.
 func TestNodeLossAMQPIdle(t *testing.T) {
+	t.Parallel()
 	res := amqpNodeLoss(t, "tsc", 3, 3, time.Second, 2*time.Second, 5*time.Second)
 	res.check(t, 3, true)
 	for node, codes := range res.codes {
@@ -132,6 +134,7 @@ func TestNodeLossAMQPIdle(t *testing.T) {
 // replacements, so that every waiter finishes (0), while the holders lose
 // their permits (70).
 func TestNodeLossAMQPHolders(t *testing.T) {
+	t.Parallel()
 	const permits = 3
 	c := rabbittest.NeedCluster(t)
 	name := amqpInitThroughA(t, c, permits)

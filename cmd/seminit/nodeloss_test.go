@@ -182,6 +182,7 @@ func (r nodeLossResult) check(t *testing.T, permits int, lossAllowed bool) {
 // that, and a holder whose 2 s lease cannot be renewed in time loses its
 // permit (exit 70) - the safe side.
 func TestNodeLossNATSLeader(t *testing.T) {
+	t.Parallel()
 	s := nodeLoss{permits: 3, perNode: 6, hold: 2 * time.Second, lease: 2 * time.Second,
 		killAfter: 3 * time.Second, downFor: 10 * time.Second,
 		victim: func(c *seminitCluster, name string) int {
@@ -198,6 +199,7 @@ func TestNodeLossNATSLeader(t *testing.T) {
 // (its leaders moved off first): nothing needs an election, so no worker
 // may lose its permit.
 func TestNodeLossNATSIdle(t *testing.T) {
+	t.Parallel()
 	s := nodeLoss{permits: 3, perNode: 3, hold: time.Second, lease: 2 * time.Second,
 		killAfter: 2 * time.Second, downFor: 5 * time.Second,
 		victim: func(c *seminitCluster, name string) int {

@@ -20,7 +20,10 @@ import (
 // say what removes it, list lists it as invalid beside the others and
 // exits 0, delete refuses, delete --force removes it, and the name can be
 // made again.
-func TestInvalidConfig(t *testing.T) { forEachBroker(t, testInvalidConfig) }
+func TestInvalidConfig(t *testing.T) {
+	t.Parallel()
+	forEachBroker(t, testInvalidConfig)
+}
 
 func testInvalidConfig(t *testing.T, b broker) {
 	bad, good := uniqueName(t), uniqueName(t)+"-ok"

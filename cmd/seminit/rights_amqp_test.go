@@ -67,6 +67,7 @@ func rightsSetup(t *testing.T, b broker) func(p *amqpsem.Permissions) string {
 // admin of one semaphore cannot publish configuration records or tokens
 // into another's queues (issue 33).
 func TestRightsAMQP(t *testing.T) {
+	t.Parallel()
 	b := amqpBroker(t)
 	user := rightsSetup(t, b)
 	a, other := "sem", "sem-b" // other's name starts with a's

@@ -139,6 +139,7 @@ func TestServerOffLoopback(t *testing.T) {
 // in exit 77 with the refused subject or queue named, not in a timeout's 69;
 // nats.go's report of the refusal goes through seminit's log.
 func TestPermissionDenied(t *testing.T) {
+	t.Parallel()
 	t.Run("nats", func(t *testing.T) {
 		pass := "pw-" + runID + "-denied"
 		srv, err := embedded.Start(embedded.Config{Options: func(o *server.Options) error {

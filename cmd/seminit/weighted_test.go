@@ -244,7 +244,10 @@ func runExecs(t *testing.T, b broker, m *setMeter, argsOf [][]string) {
 // join a 2) keeps 3 or 2 inside at a time. One loaded run in 25 drew such
 // an order (max 3 of 4, 9 fill waits). Running side by side is promised by
 // the four 1s: whoever is inside, a 1 behind it fits beside it.
-func TestExecWeighted(t *testing.T) { forEachBroker(t, testExecWeighted) }
+func TestExecWeighted(t *testing.T) {
+	t.Parallel()
+	forEachBroker(t, testExecWeighted)
+}
 
 func testExecWeighted(t *testing.T, b broker) {
 	const permits = 4
@@ -279,7 +282,10 @@ func testExecWeighted(t *testing.T, b broker) {
 // 12 seminit exec holds one permit of its region and one of global, half
 // of them naming global first. Nothing deadlocks, every run finishes, and
 // eu, us and global never have more than 2, 2 and 3 inside.
-func TestExecHierarchy(t *testing.T) { forEachBroker(t, testExecHierarchy) }
+func TestExecHierarchy(t *testing.T) {
+	t.Parallel()
+	forEachBroker(t, testExecHierarchy)
+}
 
 func testExecHierarchy(t *testing.T, b broker) {
 	eu, us, global := uniqueName(t), uniqueName(t), uniqueName(t)
@@ -320,7 +326,10 @@ func testExecHierarchy(t *testing.T, b broker) {
 // every permit, and the gate, come back (NATS: within the lease; RabbitMQ:
 // when the broker sees the connection drop), so the next caller of all 3 is
 // served.
-func TestExecWeightedKilled(t *testing.T) { forEachBroker(t, testExecWeightedKilled) }
+func TestExecWeightedKilled(t *testing.T) {
+	t.Parallel()
+	forEachBroker(t, testExecWeightedKilled)
+}
 
 func testExecWeightedKilled(t *testing.T, b broker) {
 	const permits, lease = 3, 2 * time.Second

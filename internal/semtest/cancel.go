@@ -230,17 +230,21 @@ const waitDeadline = 250 * time.Millisecond
 
 // testCancelReturnsCtxErr runs every entry point against every way its
 // context can end.
+// Each entry point and each sweep works on semaphores of its own, so they
+// run side by side.
 func testCancelReturnsCtxErr(t *testing.T, b Backend) {
+	var cases []subtest
 	for _, e := range cancelEntries() {
-		t.Run(e.name, func(t *testing.T) {
+		cases = append(cases, subtest{e.name, func(t *testing.T) {
 			for _, c := range cancelCauses {
 				t.Run(c.name, func(t *testing.T) { cancelMoments(t, b, e, c) })
 			}
-		})
+		}})
 	}
 	for _, c := range cancelCauses {
-		t.Run("Sweep/"+c.name, func(t *testing.T) { cancelSweep(t, b, c) })
+		cases = append(cases, subtest{"Sweep/" + c.name, func(t *testing.T) { cancelSweep(t, b, c) }})
 	}
+	runSideBySide(t, cases)
 }
 
 // cancelMoments ends the context of one entry point at each moment that

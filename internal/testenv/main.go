@@ -7,8 +7,11 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -85,6 +88,7 @@ func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 		b.NATS = srv
 	}
 	setup(b)
+	WaitBound()
 	code := m.Run()
 	if b.Rabbit != nil {
 		if left := Sweep(b.Rabbit.URL, semtest.RunID); len(left) > 0 {
@@ -120,6 +124,28 @@ func Main(m *testing.M, want Want, setup func(Brokers), after ...func()) int {
 var ServerLeaks = []goleak.Option{
 	goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
 	goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server/ats.Register.func1"),
+}
+
+// parallel is how many tests that call t.Parallel run at once in a
+// package whose TestMain is Main, unless go test's -parallel says
+// otherwise.
+const parallel = 8
+
+// WaitBound lets up to parallel tests that call t.Parallel run at once;
+// Main calls it, and a TestMain of its own calls it before m.Run.
+// go test's default is GOMAXPROCS, 2 on CI's machines, which fits tests
+// that compute; these wait on brokers (amqpsem's tests keep a sixth of one
+// core busy one after another), and a test whose measurement needs the
+// machine to itself does not call t.Parallel.
+func WaitBound() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(parallel, runtime.GOMAXPROCS(0))))
+	}
 }
 
 // Sweep force-deletes the semaphores whose names contain mark (a run's id:
