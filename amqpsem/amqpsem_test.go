@@ -265,9 +265,9 @@ func TestListBesideInits(t *testing.T) {
 	)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
+	c := dial(t, broker.Addr, 0)
 	wg.Go(func() {
 		defer close(done)
-		c := dial(t, broker.Addr, 0)
 		for i := range 12 {
 			n := name(t) + "-" + strconv.Itoa(i)
 			s, err := amqpsem.Init(ctx, c, n, 1)
@@ -283,13 +283,13 @@ func TestListBesideInits(t *testing.T) {
 		}
 	})
 	for r := range 3 {
+		c := dial(t, broker.Addr, 0)
 		wg.Go(func() {
-			c := dial(t, broker.Addr, 0)
 			for i := 0; ; i++ {
 				select {
 				case <-done:
 					return
-				default:
+				case <-time.After(100 * time.Millisecond): // others use the registry too
 				}
 				mu.Lock()
 				want := slices.Clone(made)

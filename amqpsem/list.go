@@ -15,7 +15,6 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
-	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/stored"
 )
 
@@ -29,9 +28,10 @@ import (
 //     handle copies).
 //   - List and Delete read the registry only under its lock, the
 //     exclusive queue registryLock: each takes every entry (unacked), and
-//     closing its channel puts back those it did not acknowledge. So no
-//     reader misses an entry another holds, and a publish by a concurrent
-//     Init only adds one.
+//     closing its channel puts back those it did not acknowledge. A
+//     reader waits until an earlier reader's entries are back (see
+//     readRegistry), so none misses an entry another held, and a publish
+//     by a concurrent Init only adds one.
 //   - The entries are a hint; the semaphore's queues are the truth. List
 //     reads each listed semaphore's configuration, and removes the entries
 //     of a name with no configuration queue once they are older than
@@ -46,9 +46,9 @@ import (
 //
 // The age of an entry is read from its publisher's clock: clients whose
 // clocks are more than staleEntry apart could drop the entry of an Init
-// still in progress. A reader first waits (up to registryReadMax) until no
-// earlier reader holds entries (see registryReady), then reads at least as
-// many entries as the queue counts ready.
+// still in progress. A reader reads until the queue holds no entry it has
+// not delivered to it (see readRegistry), waiting up to registryReadMax
+// for an earlier reader's entries to be back.
 
 // Registry queue names. A semaphore name cannot be empty, so these never
 // collide with a semaphore's queues (tokensem.NAME...).
@@ -351,7 +351,7 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 		return err
 	}
 	defer unlock()
-	ready, exists, err := s.registryReady(ctx)
+	exists, err := s.queueExists(ctx, registryQueue)
 	if err != nil || !exists {
 		if err == nil {
 			_, err = fn(nil)
@@ -371,50 +371,23 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 		// consumer at most 2,000 (measured on 3.10.8: List missed the
 		// newest entries of a registry of 3,165, and every Delete waited
 		// registryReadMax for them). AMQP 0-9-1 caps it at 65,535.
-		if err := ch.Qos(min(ready+registryMargin, math.MaxUint16), 0, false); err != nil {
+		if err := ch.Qos(math.MaxUint16, 0, false); err != nil {
 			return err
 		}
 		if err := rctx.Err(); err != nil {
 			return err // abandoned: the registry's lock is no longer held
 		}
 		var err error
-		deliveries, err = ch.Consume(registryQueue, "", false, false, false, false, nil)
+		deliveries, err = ch.Consume(registryQueue, registryReader, false, false, false, false, nil)
 		return err
 	}, nil)
 	cancel()
 	if err != nil {
 		return wrapBrokerErr("read the registry", err)
 	}
-	// Every entry is ready (only lock holders take them, and registryReady
-	// waited for the last one's to be back): read at least the ready
-	// count, then until the queue goes quiet (a concurrent Init may add
-	// one).
-	var entries []registered
-	quiet := time.NewTimer(registryQuiet)
-	defer quiet.Stop()
-	giveUp := time.Now().Add(registryReadMax)
-read:
-	for {
-		select {
-		case d, ok := <-deliveries:
-			if !ok {
-				return wrapBrokerErr("read the registry", errors.New("consumer cancelled"))
-			}
-			e, ok := decodeEntry(d.Body)
-			entries = append(entries, registered{registryEntry: e, junk: !ok, tag: d.DeliveryTag, at: d.Timestamp})
-			quiet.Reset(registryQuiet)
-		case <-quiet.C:
-			if len(entries) >= ready {
-				break read
-			}
-			if time.Now().After(giveUp) {
-				s.log.Warn("the registry delivered fewer entries than it counted; listing those", "got", len(entries), "counted", ready)
-				break read
-			}
-			quiet.Reset(registryQuiet)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	entries, err := s.readRegistry(ctx, ch, deliveries)
+	if err != nil {
+		return err
 	}
 	drop, err := fn(entries)
 	if err != nil {
@@ -428,42 +401,90 @@ read:
 	return nil // closing the channel puts the other entries back
 }
 
-// registryReady returns the number of entries ready in the registry once
-// no earlier reader holds any, and whether the registry exists. A reader
-// puts back the entries it keeps by closing its channel (or by dying),
-// and the queue takes them back only a moment later, maybe after the
-// registry's lock is free: a count taken before then is short, and the
-// next reader missed entries (an Init's, returned before the List began).
-// The quorum queue drops a consumer and takes back its entries in one
-// step, so "no consumer" means every entry is back. Only lock holders
-// consume the registry; one that still has a consumer after
-// registryReadMax (a registry read outside the lock, or a holder on a
-// node cut off from the queue's) is listed around, with a warning.
-func (s *Semaphore) registryReady(ctx context.Context) (int, bool, error) {
-	for deadline := time.Now().Add(registryReadMax); ; {
-		q, exists, err := s.queueInfo(ctx, registryQueue)
-		if err != nil || !exists || q.Consumers == 0 {
-			return q.Messages, exists, err
-		}
-		if time.Now().After(deadline) {
-			s.log.Warn("another reader still holds registry entries; reading those ready", "readers", q.Consumers, "ready", q.Messages)
-			return q.Messages, true, nil
-		}
-		if err := backoff.Sleep(ctx, 10*time.Millisecond); err != nil {
-			return 0, false, err
+// registryReader is the consumer tag of a registry read.
+const registryReader = "tokensem-registry-reader"
+
+// readRegistry reads the registry's entries from deliveries, the
+// registry's consumer on ch, until it has every entry that was there
+// when the read began.
+//
+// A reader puts back the entries it keeps by closing its channel (or by
+// dying), and the queue takes them back a moment later, maybe after the
+// registry's lock is free; a count of the ready entries taken before then
+// is short (the next reader then missed a semaphore whose Init had
+// returned before the List began), and so is one the broker could not
+// take in time (RabbitMQ answers it with 0 ready, 0 consumers). So the
+// read ends only once the queue says it has no entry ready and no
+// consumer but this one: a quorum queue drops a consumer and takes back
+// its entries in one step, so every earlier reader's entries are back and
+// every entry is on its way here. Those on the way arrive before the
+// answer to a cancel of the consumer (and a registryQuiet after the
+// queue's answer covers a cluster node that hands them on late). A
+// concurrent Init's entry may or may not be read. A consumer the queue
+// still counts after registryReadMax (a reader outside the lock, or one on
+// a node cut off from the queue's) is read around, with a warning.
+func (s *Semaphore) readRegistry(ctx context.Context, ch *channel, deliveries <-chan amqp.Delivery) ([]registered, error) {
+	var entries []registered
+	add := func(d amqp.Delivery) {
+		e, ok := decodeEntry(d.Body)
+		entries = append(entries, registered{registryEntry: e, junk: !ok, tag: d.DeliveryTag, at: d.Timestamp})
+	}
+	wait := time.NewTimer(registryPoll)
+	defer wait.Stop()
+	giveUp := time.Now().Add(registryReadMax)
+	settled := false // the queue said all is here, and nothing came since
+read:
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return nil, wrapBrokerErr("read the registry", errors.New("consumer cancelled"))
+			}
+			add(d)
+			settled = false
+			wait.Reset(registryPoll)
+		case <-wait.C:
+			if settled {
+				break read
+			}
+			q, _, err := s.queueInfo(ctx, registryQueue)
+			switch {
+			case err == nil && q.Messages == 0 && q.Consumers == 1:
+				settled = true
+				wait.Reset(registryQuiet)
+				continue
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			case time.Now().After(giveUp):
+				s.log.Warn("registry entries are held by another reader or not delivered; listing those read",
+					"read", len(entries), "ready", q.Messages, "readers", q.Consumers, "error", err)
+				break read
+			}
+			wait.Reset(registryPoll)
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	if err := s.c.rpc(rctx, ch, func() error { return ch.Cancel(registryReader, false) }, nil); err != nil {
+		return nil, wrapBrokerErr("read the registry", err)
+	}
+	for d := range deliveries { // closed once those sent before the cancel are in
+		add(d)
+	}
+	return entries, nil
 }
 
 // listParallel bounds the semaphores List describes at once.
 const listParallel = 16
 
-// registryQuiet is how long the registry must stay silent, once it has
-// delivered the entries it counted, before a reader takes it to have
-// delivered every entry; registryReadMax bounds the wait for an earlier
-// reader's entries to be back, and for the counted ones.
+// registryPoll is how long the registry must stay silent before a reader
+// asks the queue whether every entry is delivered; registryQuiet how long
+// it must stay silent after the queue said so; registryReadMax bounds the
+// wait for an earlier reader's entries to be back.
 const (
-	registryMargin  = 64 // entries an Init may add during a read
+	registryPoll    = 50 * time.Millisecond
 	registryQuiet   = 200 * time.Millisecond
 	registryReadMax = 10 * time.Second
 )

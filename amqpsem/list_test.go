@@ -1,6 +1,7 @@
 package amqpsem_test
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"strings"
@@ -55,7 +56,7 @@ func TestListPastTwoThousandEntries(t *testing.T) {
 // them back a moment later, maybe after the registry's lock is free. A
 // List that counted the entries before then read too few and missed a
 // semaphore whose Init had returned. Here an earlier reader still holds
-// every entry for a second after the List begins.
+// every entry until half a second after the List took the registry's lock.
 func TestListWaitsForEntriesPutBack(t *testing.T) {
 	n := name(t)
 	initAMQP(t, n, 1)
@@ -75,15 +76,54 @@ func TestListWaitsForEntriesPutBack(t *testing.T) {
 			t.Fatalf("the registry delivered no entry for %s", n)
 		}
 	}
+	listing := make(chan struct{})
+	released := make(chan bool, 1)
 	go func() {
-		time.Sleep(time.Second)
+		locked := registryLocked(t, listing)
+		if locked {
+			time.Sleep(500 * time.Millisecond)
+		}
 		_ = ch.Close() // puts every entry back
+		released <- locked
 	}()
 	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
+	close(listing)
+	if !<-released {
+		t.Fatal("the List never held the registry's lock while the entries were held")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.ContainsFunc(infos, func(in tokensem.Info) bool { return in.Name == n }) {
 		t.Fatalf("List of %d semaphores misses %s, whose entry an earlier reader held when it began", len(infos), n)
+	}
+}
+
+// registryLocked waits until a connection holds the registry's lock (an
+// exclusive queue: a passive declare from another connection is refused
+// with 405), and reports whether one did before done was closed.
+func registryLocked(t *testing.T, done <-chan struct{}) bool {
+	conn, err := amqp.Dial(broker.URL)
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	defer conn.Close()
+	for {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		_, err = ch.QueueDeclarePassive("tokensem..registry.lock", false, false, true, false, nil)
+		_ = ch.Close()
+		if e := (*amqp.Error)(nil); errors.As(err, &e) && e.Code == amqp.ResourceLocked {
+			return true
+		}
+		select {
+		case <-done:
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }

@@ -123,7 +123,8 @@ func registryEntries(t *testing.T) [][]byte {
 }
 
 // dropRegistryEntries takes the registry's lock (its exclusive lock queue,
-// as List does), reads every entry and removes those drop picks.
+// as List does), waits until an earlier reader's entries are back, reads
+// every entry and removes those drop picks.
 func dropRegistryEntries(t *testing.T, drop func([]byte) bool) {
 	t.Helper()
 	conn, err := amqp.Dial(broker.URL)
@@ -150,6 +151,16 @@ func dropRegistryEntries(t *testing.T, drop func([]byte) bool) {
 		t.Fatal(err)
 	}
 	defer ch.Close()
+	// An earlier reader's entries are back once it has no consumer left.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		q, err := ch.QueueDeclarePassive("tokensem..registry", true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Consumers == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err := ch.Qos(65535, 0, false); err != nil {
 		t.Fatal(err)
 	}

@@ -233,7 +233,12 @@ func TestAMQPMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sem.Close()
+	defer func() { // the broker outlives the run
+		_ = sem.Close()
+		if err := amqpsem.ForceDelete(bounded(t), c, name); err != nil {
+			t.Errorf("deleting %s: %v", name, err)
+		}
+	}()
 	p, err := sem.Acquire(bounded(t))
 	if err != nil {
 		t.Fatal(err)
