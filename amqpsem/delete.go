@@ -266,12 +266,19 @@ func (s *Semaphore) readyTokenSlots(ctx context.Context) (int, error) {
 // counts as a consumer everyone holding one of its messages unacked, a
 // waiter, an orphan (measured on 3.10.8, see Status), and a holder whose
 // claim the broker cancelled; a classic one counts only waiters.
+//
+// No consumer counts only with a token ready: RabbitMQ answers a count it
+// could not take (the queue's leader lost, or busy for 250 ms) with 0
+// ready and 0 consumers (rabbit_quorum_queue:stat, 3.10 to 4.3). Trusting
+// that answer while a token queue's leader was being replaced let a repair
+// issue a slot's token while its holder, cut off from the broker, still
+// believed it held it (TestClusterStalledHolderNodeLoss, beside CPU load).
 func (s *Semaphore) tokensOut(ctx context.Context, cfg config) (bool, error) {
 	if cfg.QueueType != Quorum {
 		return true, nil
 	}
 	q, exists, err := s.queueInfo(ctx, tokenQueue(s.name))
-	return !exists || q.Consumers > 0, err
+	return !exists || q.Consumers > 0 || q.Messages == 0, err
 }
 
 // tokensOutFor looks at the token queue for up to d, and reports whether
