@@ -297,7 +297,9 @@ func (s *Semaphore) configRetry() time.Duration { return 2 * s.opts.RequestTimeo
 
 // loadConfig reads the stored configuration, in whatever state. It is
 // tokensem.ErrNotInitialized when the semaphore does not exist (or its
-// creation died before anything but an empty configuration queue existed),
+// creation died before anything but an empty configuration queue existed:
+// said only once that stayed so for the whole retry window, see
+// errNoConfig),
 // ctx.Err() itself when ctx ends,
 // and a broker error (wrapping tokensem.ErrUnavailable) when the message
 // cannot be read in time.
@@ -313,7 +315,8 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 		case found:
 			cfg.readAt = start
 			return cfg, nil
-		case err != nil && !errors.Is(err, errNoMessage) && (!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
+		case err != nil && !errors.Is(err, errNoMessage) && !errors.Is(err, errNoConfig) &&
+			(!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
 			return config{}, err
 		}
 		if !errors.Is(err, errAborted) || rctx.Err() == nil {
@@ -325,6 +328,8 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 				return config{}, ctx.Err()
 			case errors.Is(last, errNoMessage):
 				return config{}, invalidConfig(s.name, errMissingRecord)
+			case errors.Is(last, errNoConfig):
+				return config{}, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
 			case last != nil:
 				return config{}, last // says what failed, and whose configuration
 			}
@@ -440,7 +445,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	case err != nil:
 		return config{}, false, err
 	case !exists:
-		return config{}, false, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
+		return config{}, false, errNoConfig
 	}
 	return config{}, false, errNoMessage
 }
@@ -448,6 +453,18 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 // errNoMessage is loadConfigOnce's "try again" when the configuration
 // queue of a semaphore whose token queue exists looked empty and unheld.
 var errNoMessage = errors.New("amqpsem: the configuration queue looked empty")
+
+// errNoConfig is loadConfigOnce's "try again" when the configuration
+// queue looked empty and unheld and there is no token queue: a creation
+// that died after declaring the queue, or one under way, if it stays so
+// (loadConfig then says tokensem.ErrNotInitialized). Not at once: RabbitMQ
+// answers a count it could not take (the queue's leader lost, or busy for
+// 250 ms) with 0 ready and 0 consumers, and a "deleting" configuration
+// outlives its token queue by W (see finishDelete). A Delete retried on
+// another node after its own died would have taken that answer for "not
+// initialized", removed the configuration at once, and let an Init make a
+// new life while a holder of the old still believed it held.
+var errNoConfig = errors.New("amqpsem: the configuration queue looked empty, and there is no token queue")
 
 // errMissingRecord is what loadConfig says when the configuration queue
 // stayed empty and unheld, with a token queue, for its whole time: the
