@@ -311,17 +311,21 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 	var last error
 	for {
 		cfg, found, err := s.loadConfigOnce(rctx)
+		// A try the window's end cut short fails with that end, in
+		// whichever call it met it (a channel a slow broker had not opened
+		// yet, say): it says nothing about the configuration.
+		cut := err != nil && rctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, errLockLost)
 		switch {
 		case found:
 			cfg.readAt = start
 			return cfg, nil
+		case cut:
 		case err != nil && !errors.Is(err, errNoMessage) && !errors.Is(err, errNoConfig) &&
 			(!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
 			return config{}, err
-		}
-		if !errors.Is(err, errAborted) || rctx.Err() == nil {
+		default:
 			last = err // nil: a reader held the message
-		} // else: the try the time's end cut short says nothing
+		}
 		if pause.Wait(rctx, nil) != nil {
 			switch {
 			case ctx.Err() != nil:
