@@ -297,9 +297,7 @@ func (s *Semaphore) configRetry() time.Duration { return 2 * s.opts.RequestTimeo
 
 // loadConfig reads the stored configuration, in whatever state. It is
 // tokensem.ErrNotInitialized when the semaphore does not exist (or its
-// creation died before anything but an empty configuration queue existed:
-// said only once that stayed so for the whole retry window, see
-// errNoConfig),
+// creation died before anything but an empty configuration queue existed),
 // ctx.Err() itself when ctx ends,
 // and a broker error (wrapping tokensem.ErrUnavailable) when the message
 // cannot be read in time.
@@ -320,7 +318,7 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 			cfg.readAt = start
 			return cfg, nil
 		case cut:
-		case err != nil && !errors.Is(err, errNoMessage) && !errors.Is(err, errNoConfig) &&
+		case err != nil && !errors.Is(err, errNoMessage) &&
 			(!errors.Is(err, tokensem.ErrUnavailable) || errors.Is(err, errLockLost)):
 			return config{}, err
 		default:
@@ -332,8 +330,6 @@ func (s *Semaphore) loadConfig(ctx context.Context) (config, error) {
 				return config{}, ctx.Err()
 			case errors.Is(last, errNoMessage):
 				return config{}, invalidConfig(s.name, errMissingRecord)
-			case errors.Is(last, errNoConfig):
-				return config{}, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
 			case last != nil:
 				return config{}, last // says what failed, and whose configuration
 			}
@@ -399,6 +395,15 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		select {
 		case d, ok = <-ds:
 		case <-t.C:
+			// Nothing came: is the message held by another reader (a
+			// quorum queue counts the holder as a consumer), or is there
+			// none? Asked while this reader still consumes, so that a real
+			// answer counts it: RabbitMQ answers a count it could not take
+			// (the queue's leader lost, or busy for 250 ms) with 0 ready and
+			// 0 consumers.
+			if q, err = ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil); err != nil {
+				return err
+			}
 		}
 		// The cancel returns once every delivery the broker sent before
 		// it is in (amqp091 receives a body whole before it hands the
@@ -415,15 +420,9 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 				d, ok = dd, true
 			}
 		}
-		if ok {
-			if !extra {
-				extra, err = s.readyAfter(ch)
-			}
-			return err
+		if ok && !extra {
+			extra, err = s.readyAfter(ch)
 		}
-		// Nothing came: is the message held by a reader (a quorum queue
-		// counts the holder as a consumer), or is there none?
-		q, err = ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
 		return err
 	}, nil)
 	switch {
@@ -436,39 +435,35 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	case ok:
 		cfg, err := decodeConfig(s.name, d.Body)
 		return cfg, err == nil, err
-	case q.Consumers > 0 || q.Messages > 0:
-		return config{}, false, nil // a reader holds it, or it just came back: try again
+	case !noMessage(q):
+		return config{}, false, nil // try again
 	}
-	// Nobody holds it and nothing is there: creation died after declaring
-	// the queue, if the token queue does not exist yet. Otherwise the
-	// message should exist, and the counts lag (they do for a moment after a
-	// requeue, and while the queue elects a leader): try again. If it stays
-	// so, the message is gone (see errMissingRecord).
+	// Nothing is ready and no consumer but this reader, by a real answer:
+	// there is no message. A creation died after declaring the queue, if
+	// the token queue does not exist yet. Otherwise the message should
+	// exist, and the counts lag (they do for a moment after a requeue):
+	// try again. If it stays so, the message is gone (see errMissingRecord).
 	exists, err := s.queueExists(ctx, tokenQueue(s.name))
 	switch {
 	case err != nil:
 		return config{}, false, err
 	case !exists:
-		return config{}, false, errNoConfig
+		return config{}, false, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
 	}
 	return config{}, false, errNoMessage
 }
 
+// noMessage reports whether q, the configuration queue's counts taken
+// while one reader (the asker) consumed it and got nothing, says that
+// there is no message: nothing ready and no consumer but the asker. No
+// consumer at all is no answer (RabbitMQ's when it could not count, or
+// the asker not counted yet); another one holds the message; a ready one
+// just came back.
+func noMessage(q amqp.Queue) bool { return q.Consumers == 1 && q.Messages == 0 }
+
 // errNoMessage is loadConfigOnce's "try again" when the configuration
 // queue of a semaphore whose token queue exists looked empty and unheld.
 var errNoMessage = errors.New("amqpsem: the configuration queue looked empty")
-
-// errNoConfig is loadConfigOnce's "try again" when the configuration
-// queue looked empty and unheld and there is no token queue: a creation
-// that died after declaring the queue, or one under way, if it stays so
-// (loadConfig then says tokensem.ErrNotInitialized). Not at once: RabbitMQ
-// answers a count it could not take (the queue's leader lost, or busy for
-// 250 ms) with 0 ready and 0 consumers, and a "deleting" configuration
-// outlives its token queue by W (see finishDelete). A Delete retried on
-// another node after its own died would have taken that answer for "not
-// initialized", removed the configuration at once, and let an Init make a
-// new life while a holder of the old still believed it held.
-var errNoConfig = errors.New("amqpsem: the configuration queue looked empty, and there is no token queue")
 
 // errMissingRecord is what loadConfig says when the configuration queue
 // stayed empty and unheld, with a token queue, for its whole time: the

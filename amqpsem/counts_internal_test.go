@@ -53,62 +53,24 @@ func TestTokensOutDistrustsAnEmptyAnswer(t *testing.T) {
 	}
 }
 
-// TestOneEmptyLookIsNotUninitialized: a configuration queue that looks
-// empty and unheld with no token queue beside it is "not initialized" only
-// if it stays so: RabbitMQ answers a count it could not take with 0 and 0,
-// and a "deleting" configuration outlives its token queue. Here the
-// configuration is taken out and put back a second later; the read must
-// find it, not say "not initialized" (which made Delete remove the
-// configuration at once, and Init make a new life).
-func TestOneEmptyLookIsNotUninitialized(t *testing.T) {
-	t.Parallel()
-	b := rabbittest.Need(t)
-	ctx := t.Context()
-	c, err := Dial(ctx, b.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	name := "empty-look-" + time.Now().Format("150405_000000")
-	s, err := Init(ctx, c, name, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ForceDelete(ctx, c, name) }()
-	defer s.Close()
-	conn, err := amqp.Dial(b.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, ok, err := ch.Get(configQueue(name), false)
-	if err != nil || !ok {
-		t.Fatalf("taking the configuration: %v, %v", ok, err)
-	}
-	if err := d.Ack(false); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDelete(tokenQueue(name), false, false, false); err != nil {
-		t.Fatal(err)
-	}
-	back := make(chan error, 1)
-	go func() {
-		time.Sleep(time.Second)
-		back <- ch.PublishWithContext(ctx, "", configQueue(name), false, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: d.ContentType, Body: d.Body})
-	}()
-	cfg, err := s.loadConfig(ctx)
-	if err := <-back; err != nil {
-		t.Fatal(err)
-	}
-	if err != nil {
-		t.Fatalf("configuration away for a second: %v; want it read once back", err)
-	}
-	if cfg.Permits != 1 {
-		t.Fatalf("read back %+v", cfg)
+// TestNoMessageNeedsARealAnswer: the configuration queue's counts, taken
+// while the reader asking consumes it, say "no message" only when they
+// count that reader and nothing ready. RabbitMQ's answer when it could not
+// count (0 and 0) read as "no message" made a semaphore whose token queue
+// was gone (a Delete waiting out W) "not initialized", and a retried
+// Delete removed its configuration at once.
+func TestNoMessageNeedsARealAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		ready, consumers int
+		want             bool
+	}{
+		{0, 0, false}, // no answer
+		{0, 1, true},  // only the asker: there is none
+		{0, 2, false}, // another reader holds it
+		{1, 1, false}, // it just came back
+	} {
+		if got := noMessage(amqp.Queue{Messages: tc.ready, Consumers: tc.consumers}); got != tc.want {
+			t.Errorf("ready %d, consumers %d: noMessage = %v, want %v", tc.ready, tc.consumers, got, tc.want)
+		}
 	}
 }
