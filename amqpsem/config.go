@@ -435,7 +435,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	case ok:
 		cfg, err := decodeConfig(s.name, d.Body)
 		return cfg, err == nil, err
-	case !noMessage(q):
+	case !askerAlone(q):
 		return config{}, false, nil // try again
 	}
 	// Nothing is ready and no consumer but this reader, by a real answer:
@@ -453,13 +453,14 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 	return config{}, false, errNoMessage
 }
 
-// noMessage reports whether q, the configuration queue's counts taken
-// while one reader (the asker) consumed it and got nothing, says that
-// there is no message: nothing ready and no consumer but the asker. No
-// consumer at all is no answer (RabbitMQ's when it could not count, or
-// the asker not counted yet); another one holds the message; a ready one
-// just came back.
-func noMessage(q amqp.Queue) bool { return q.Consumers == 1 && q.Messages == 0 }
+// askerAlone reports whether q, a quorum queue's counts taken while one
+// reader (the asker) consumes it, says that the asker has been handed
+// every message there is: nothing ready and no consumer but the asker. No
+// consumer at all is no answer (RabbitMQ's when it could not count, or the
+// asker not counted yet); another consumer may hold messages; a ready one
+// is not handed on yet (or just came back). The configuration read and
+// the registry read end on it.
+func askerAlone(q amqp.Queue) bool { return q.Consumers == 1 && q.Messages == 0 }
 
 // errNoMessage is loadConfigOnce's "try again" when the configuration
 // queue of a semaphore whose token queue exists looked empty and unheld.

@@ -53,13 +53,14 @@ func TestTokensOutDistrustsAnEmptyAnswer(t *testing.T) {
 	}
 }
 
-// TestNoMessageNeedsARealAnswer: the configuration queue's counts, taken
-// while the reader asking consumes it, say "no message" only when they
-// count that reader and nothing ready. RabbitMQ's answer when it could not
-// count (0 and 0) read as "no message" made a semaphore whose token queue
-// was gone (a Delete waiting out W) "not initialized", and a retried
-// Delete removed its configuration at once.
-func TestNoMessageNeedsARealAnswer(t *testing.T) {
+// TestAskerAloneNeedsARealAnswer: a queue's counts, taken while the reader
+// asking consumes it, say "every message is handed to the asker" (for the
+// configuration read: there is none) only when they count that reader and
+// nothing ready. RabbitMQ's answer when it could not count (0 and 0) read
+// as "no message" made a semaphore whose token queue was gone (a Delete
+// waiting out W) "not initialized", and a retried Delete removed its
+// configuration at once.
+func TestAskerAloneNeedsARealAnswer(t *testing.T) {
 	for _, tc := range []struct {
 		ready, consumers int
 		want             bool
@@ -69,8 +70,8 @@ func TestNoMessageNeedsARealAnswer(t *testing.T) {
 		{0, 2, false}, // another reader holds it
 		{1, 1, false}, // it just came back
 	} {
-		if got := noMessage(amqp.Queue{Messages: tc.ready, Consumers: tc.consumers}); got != tc.want {
-			t.Errorf("ready %d, consumers %d: noMessage = %v, want %v", tc.ready, tc.consumers, got, tc.want)
+		if got := askerAlone(amqp.Queue{Messages: tc.ready, Consumers: tc.consumers}); got != tc.want {
+			t.Errorf("ready %d, consumers %d: askerAlone = %v, want %v", tc.ready, tc.consumers, got, tc.want)
 		}
 	}
 }

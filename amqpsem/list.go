@@ -424,9 +424,10 @@ const registryReader = "tokensem-registry-reader"
 // this read misses it; the next one reads it. (A loaded CI saw that once:
 // TestRegistryDropsJunk. An exact end would need a marker published
 // behind the entries and read last, which the operator's documented
-// rights do not allow.) A concurrent Init's entry may or may not be read. A consumer the queue
-// still counts after registryReadMax (a reader outside the lock, or one on
-// a node cut off from the queue's) is read around, with a warning.
+// rights do not allow.) A concurrent Init's entry may or may not be read.
+// A consumer the queue still counts after registryReadMax (a reader outside
+// the lock, or one on a node cut off from the queue's) is read around,
+// with a warning.
 func (s *Semaphore) readRegistry(ctx context.Context, ch *channel, deliveries <-chan amqp.Delivery) ([]registered, error) {
 	var entries []registered
 	add := func(d amqp.Delivery) {
@@ -453,7 +454,7 @@ read:
 			}
 			q, _, err := s.queueInfo(ctx, registryQueue)
 			switch {
-			case err == nil && q.Messages == 0 && q.Consumers == 1:
+			case err == nil && askerAlone(q):
 				settled = true
 				wait.Reset(registryQuiet)
 				continue
