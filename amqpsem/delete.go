@@ -77,7 +77,7 @@ func deleteSemaphore(ctx context.Context, c *Conn, name string, force bool) erro
 // deleteNamed is Delete (force false) or ForceDelete of a name already
 // checked.
 func deleteNamed(ctx context.Context, c *Conn, name string, force bool) error {
-	s, err := newSemaphore(c, name, nil)
+	s, err := newSemaphore(c, name, c.logTo())
 	if err != nil {
 		return err
 	}

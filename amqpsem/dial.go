@@ -106,6 +106,10 @@ func WithDialLogger(l *slog.Logger) DialOption {
 	}
 }
 
+// logTo is the options of the functions that take a Conn and no options
+// (List, Delete, ForceDelete): they log to the connection's logger.
+func (c *Conn) logTo() []Option { return []Option{WithLogger(c.log)} }
+
 // address is one broker node Dial may connect to.
 type address struct {
 	url     string      // as given to Dial (never printed unredacted)

@@ -1,6 +1,7 @@
 package amqpsem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
+	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/stored"
 )
 
@@ -89,6 +91,14 @@ var errNoRegistry = errors.New("amqpsem: the registry is not set up")
 // publishEntry publishes the semaphore's registry entry, with a publisher
 // confirm; errNoRegistry when the entry reached no registry queue.
 func (s *Semaphore) publishEntry(ctx context.Context) error {
+	body, _ := json.Marshal(registryEntry{Name: s.name})
+	return s.publishRegistry(ctx, "register "+s.name, body)
+}
+
+// publishRegistry publishes body into the registry queue through the
+// registry's exchange, with a publisher confirm, on a channel of its own
+// (a refusal closes it); errNoRegistry when it reached no registry queue.
+func (s *Semaphore) publishRegistry(ctx context.Context, what string, body []byte) error {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
 		return err
@@ -96,7 +106,6 @@ func (s *Semaphore) publishEntry(ctx context.Context) error {
 	defer ch.Close()
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	body, _ := json.Marshal(registryEntry{Name: s.name})
 	var dc *amqp.DeferredConfirmation
 	// A mandatory publish that no binding routes comes back (basic.return)
 	// before its confirm: amqp091 hands a channel's frames on in order.
@@ -117,7 +126,7 @@ func (s *Semaphore) publishEntry(ctx context.Context) error {
 	case r != nil && r.Code == amqp.NotFound: // no exchange
 		return errNoRegistry
 	case err != nil:
-		return wrapBrokerErr("register "+s.name, err)
+		return wrapBrokerErr(what, err)
 	}
 	select {
 	case _, ok := <-returns:
@@ -168,7 +177,7 @@ func (s *Semaphore) setupRegistry(ctx context.Context) error {
 //
 // Errors: a wrapped broker error.
 func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
-	s, err := newSemaphore(c, "", nil)
+	s, err := newSemaphore(c, "", c.logTo())
 	if err != nil {
 		return nil, err
 	}
@@ -414,58 +423,101 @@ const registryReader = "tokensem-registry-reader"
 // is short (the next reader then missed a semaphore whose Init had
 // returned before the List began), and so is one the broker could not
 // take in time (RabbitMQ answers it with 0 ready, 0 consumers). So the
-// read ends only once the queue says it has no entry ready and no
+// read first waits until the queue says it has no entry ready and no
 // consumer but this one: a quorum queue drops a consumer and takes back
 // its entries in one step, so every earlier reader's entries are back and
-// every entry is on its way here. The read then waits registryQuiet with
-// nothing coming before it cancels the consumer: a delivery still on its
-// way at the cancel is returned to the queue by the broker (3.10.8's
-// rabbit_fifo_client returns what comes for a cancelled consumer), and
-// this read misses it; the next one reads it. (A loaded CI saw that once:
-// TestRegistryDropsJunk. An exact end would need a marker published
-// behind the entries and read last, which the operator's documented
-// rights do not allow.) A concurrent Init's entry may or may not be read.
-// A consumer the queue still counts after registryReadMax (a reader outside
-// the lock, or one on a node cut off from the queue's) is read around,
-// with a warning.
+// every entry is handed to this reader. Handed is not received: a
+// delivery can still be on its way (a loaded machine held one past 250 ms
+// of silence), and one on its way at the consumer's cancel goes back to
+// the queue (3.10.8's rabbit_fifo_client returns what comes for a
+// cancelled consumer). So the reader then publishes a marker behind the
+// entries and reads until the marker comes: a quorum queue hands one
+// consumer its messages in queue order, so every entry handed before it
+// is in. (The marker is junk to every other reader, and the next List
+// drops one a dead reader left.) A user who may not publish to the
+// registry's exchange (the operator's rights before marker reads) reads
+// until registryQuiet passes with nothing coming instead, with a warning:
+// such a read can miss an entry on its way, which the next read lists. A
+// concurrent Init's entry may or may not be read. A consumer the queue
+// still counts after registryReadMax (a reader outside the lock, or one
+// on a node cut off from the queue's) is read around, with a warning.
 func (s *Semaphore) readRegistry(ctx context.Context, ch *channel, deliveries <-chan amqp.Delivery) ([]registered, error) {
 	var entries []registered
 	add := func(d amqp.Delivery) {
 		e, ok := decodeEntry(d.Body)
 		entries = append(entries, registered{registryEntry: e, junk: !ok, tag: d.DeliveryTag, at: d.Timestamp})
 	}
+	marker, _ := json.Marshal(registryMarker{Marker: ids.New()})
 	wait := time.NewTimer(registryPoll)
 	defer wait.Stop()
 	giveUp := time.Now().Add(registryReadMax)
-	settled := false // the queue said all is here, and nothing came since
+	const (
+		counting = iota // until the queue says every entry is handed here
+		marked          // until the marker comes
+		quiet           // without a marker: until nothing came for registryQuiet
+	)
+	phase := counting
+	noMarker := false // a publish of the marker was refused
 read:
 	for {
 		select {
 		case d, ok := <-deliveries:
-			if !ok {
+			switch {
+			case !ok:
 				return nil, wrapBrokerErr("read the registry", errors.New("consumer cancelled"))
+			case phase == marked && bytes.Equal(d.Body, marker):
+				if err := ch.Ack(d.DeliveryTag, false); err != nil {
+					return nil, wrapBrokerErr("read the registry", err)
+				}
+				break read
 			}
 			add(d)
-			settled = false
-			wait.Reset(registryPoll)
+			if phase != marked {
+				phase = counting
+				wait.Reset(registryPoll)
+			}
 		case <-wait.C:
-			if settled {
+			switch phase {
+			case marked:
+				s.log.Warn("the registry read's end marker did not come back; listing the entries read",
+					"read", len(entries), "waited", registryReadMax)
+				break read
+			case quiet:
 				break read
 			}
 			q, _, err := s.queueInfo(ctx, registryQueue)
 			switch {
-			case err == nil && askerAlone(q):
-				settled = true
-				wait.Reset(registryQuiet)
-				continue
 			case ctx.Err() != nil:
 				return nil, ctx.Err()
+			case err == nil && askerAlone(q):
 			case time.Now().After(giveUp):
 				s.log.Warn("registry entries are held by another reader or not delivered; listing those read",
 					"read", len(entries), "ready", q.Messages, "readers", q.Consumers, "error", err)
-				break read
+			default:
+				wait.Reset(registryPoll)
+				continue
 			}
-			wait.Reset(registryPoll)
+			if noMarker {
+				phase = quiet
+				wait.Reset(registryQuiet)
+				continue
+			}
+			switch err := s.publishRegistry(ctx, "mark the end of the registry read", marker); {
+			case err == nil:
+				phase = marked
+				wait.Reset(registryReadMax)
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			default:
+				msg := "the registry read could not publish its end marker, so it may miss an entry still on its way"
+				if denied(err) {
+					msg += " (grant write on the exchange " + registryExchange + ", see docs/permissions-rabbitmq.md)"
+				}
+				s.log.Warn(msg, "error", err)
+				noMarker = true
+				phase = quiet
+				wait.Reset(registryQuiet)
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -481,13 +533,20 @@ read:
 	return entries, nil
 }
 
+// registryMarker is the body of a registry read's end marker (see
+// readRegistry): no name, so junk to every other reader.
+type registryMarker struct {
+	Marker string `json:"marker"`
+}
+
 // listParallel bounds the semaphores List describes at once.
 const listParallel = 16
 
 // registryPoll is how long the registry must stay silent before a reader
-// asks the queue whether every entry is delivered; registryQuiet how long
-// it must stay silent after the queue said so; registryReadMax bounds the
-// wait for an earlier reader's entries to be back.
+// asks the queue whether every entry is handed to it; registryQuiet how
+// long a reader that cannot publish its end marker waits with nothing
+// coming after the queue said so; registryReadMax bounds the wait for an
+// earlier reader's entries to be back, and the wait for the marker.
 const (
 	registryPoll    = 50 * time.Millisecond
 	registryQuiet   = 200 * time.Millisecond

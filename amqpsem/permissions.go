@@ -55,13 +55,15 @@ func AdminPermissions(name string) Permissions {
 }
 
 // OperatorPermissions returns the least permissions that let a user List
-// the semaphores of a vhost: set up, lock and read the registry, and read
-// each semaphore's configuration. Reading lets it purge them too: an
-// operator can make any semaphore unusable, though not over-admit one.
+// the semaphores of a vhost: set up, lock and read the registry, publish
+// the end marker of its read (write on the registry's exchange, which any
+// admin has), and read each semaphore's configuration. Reading lets it
+// purge them too: an operator can make any semaphore unusable, though not
+// over-admit one.
 func OperatorPermissions() Permissions {
 	return Permissions{
 		Configure: `^tokensem\.\.registry(\.lock|\.x)?$`,
-		Write:     `^tokensem\.\.registry$`,
+		Write:     `^tokensem\.\.registry(\.x)?$`,
 		Read:      `^tokensem\.(\.registry(\.x)?|[^.]+\.cfg)$`,
 	}
 }

@@ -3,6 +3,7 @@ package amqpsem_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -70,9 +71,14 @@ func TestRegistryDropsJunk(t *testing.T) {
 	marker := ids.New()
 	young := "young-" + marker[:8]
 	junk := [][]byte{
-		[]byte(marker + strings.Repeat("\x00garbage\xff", 10<<10)),
 		[]byte(`{"name":"bad name ` + marker + `"}`),
 		[]byte(`{"name":"` + young + `"}`),
+	}
+	// Big entries take a while to deliver: the List must wait for every
+	// one on its way (a loaded CI saw one List miss two), not end on a
+	// pause.
+	for i := range 20 {
+		junk = append(junk, []byte(fmt.Sprintf("%s-%d", marker, i)+strings.Repeat("\x00garbage\xff", 10<<10)))
 	}
 	ch := rawChannel(t)
 	if err := ch.Confirm(false); err != nil {
@@ -168,14 +174,54 @@ func dropRegistryEntries(t *testing.T, drop func([]byte) bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
+	// Read until a marker published once every entry is handed to this
+	// reader (nothing ready, no other consumer) comes back: every entry
+	// on its way is in by then (see amqpsem's readRegistry).
+	var end []byte
+	check := time.NewTimer(50 * time.Millisecond)
+	defer check.Stop()
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		select {
 		case d := <-ds:
+			if end != nil && bytes.Equal(d.Body, end) {
+				_ = d.Ack(false)
+				return // the channel's close puts the rest back
+			}
 			if drop(d.Body) {
 				_ = d.Ack(false)
 			}
-		case <-time.After(500 * time.Millisecond):
-			return // quiet: every entry read (the channel's close puts the rest back)
+		case <-check.C:
+			if time.Now().After(deadline) {
+				t.Fatal("the registry read did not end in 30 s")
+			}
+			check.Reset(50 * time.Millisecond)
+			if end != nil {
+				continue
+			}
+			q, err := ch.QueueDeclarePassive("tokensem..registry", true, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q.Consumers != 1 || q.Messages != 0 {
+				continue
+			}
+			end = []byte(`{"test-end":"` + ids.New() + `"}`)
+			pub, err := conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			dc, err := pub.PublishWithDeferredConfirmWithContext(t.Context(), "", "tokensem..registry", true, false,
+				amqp.Publishing{DeliveryMode: amqp.Persistent, Body: end})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := dc.WaitContext(t.Context()); !ok || err != nil {
+				t.Fatalf("the read's end marker confirmed %v: %v", ok, err)
+			}
+			_ = pub.Close()
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/exec"
@@ -71,9 +72,9 @@ func rightsUser(t testing.TB, vhost string, p amqpsem.Permissions) string {
 	return vhostURL(t, vhost, user, pass)
 }
 
-func dialURL(t testing.TB, u string) *amqpsem.Conn {
+func dialURL(t testing.TB, u string, opts ...amqpsem.DialOption) *amqpsem.Conn {
 	t.Helper()
-	c, err := amqpsem.Dial(t.Context(), u)
+	c, err := amqpsem.Dial(t.Context(), u, opts...)
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -200,6 +201,26 @@ func TestRoles(t *testing.T) {
 		}
 		if want := []string{a + ":ready:3", b + ":ready:1"}; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("list = %v, want %v", got, want)
+		}
+	})
+
+	// An operator given the rights documented before List's end marker
+	// (no write on the registry's exchange) still lists, and is told what
+	// to grant.
+	t.Run("operator without the marker's right", func(t *testing.T) {
+		p := amqpsem.OperatorPermissions()
+		p.Write = `^tokensem\.\.registry$`
+		var log semtest.SyncBuffer
+		old := dialURL(t, rightsUser(t, vhost, p), amqpsem.WithDialLogger(slog.New(slog.NewTextHandler(&log, nil))))
+		infos, err := amqpsem.List(ctx, old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(infos) != 2 {
+			t.Errorf("list = %+v, want %s and %s", infos, a, b)
+		}
+		if !strings.Contains(log.String(), "grant write on the exchange tokensem..registry.x") {
+			t.Errorf("the list did not say which right its end marker needs; its log:\n%s", log.String())
 		}
 	})
 
