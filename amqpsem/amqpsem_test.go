@@ -229,6 +229,7 @@ func TestConcurrentInitOneConn(t *testing.T) {
 // next one may read (one List right after another once missed an entry,
 // under load).
 func TestListBackToBack(t *testing.T) {
+	t.Parallel() // the registry lock serializes its readers; TestListWaitsForEntriesPutBack, which holds every entry, is not parallel
 	var names []string
 	for i := range 3 {
 		n := name(t) + "-" + strconv.Itoa(i)
@@ -258,6 +259,7 @@ func TestListBackToBack(t *testing.T) {
 // List puts the entries it read back before the next reader counts them;
 // an Init publishing meanwhile must not make the next reader miss one.
 func TestListBesideInits(t *testing.T) {
+	t.Parallel() // the registry lock serializes its readers; TestListWaitsForEntriesPutBack, which holds every entry, is not parallel
 	ctx := semtest.Context(t, 3*time.Minute)
 	var (
 		mu   sync.Mutex
