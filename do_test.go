@@ -144,12 +144,21 @@ func TestDoWithoutPermitInTime(t *testing.T) {
 // not the acquire budget: a budget shorter than fn's work does not cancel it.
 func TestDoBudgetNotCallersDeadline(t *testing.T) {
 	s := newSem(t, 1)
+	// The budget must cover the acquire of a free permit on a loaded
+	// machine (10 ms did not, beside two CPU hogs); fn outlasts it.
+	const budget = 500 * time.Millisecond
+	start := time.Now()
+	ran := false
 	err := tokensem.Do(bounded(t), s, func(ctx context.Context) error {
+		ran = true
 		// Wait until the budget is certainly over, then check ctx.
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(time.Until(start.Add(budget + 100*time.Millisecond)))
 		return ctx.Err()
-	}, tokensem.WithWait(10*time.Millisecond))
-	if err != nil {
+	}, tokensem.WithWait(budget))
+	switch {
+	case !ran:
+		t.Fatalf("Do = %v: fn did not run (the acquire of a free permit took the %v budget)", err, budget)
+	case err != nil:
 		t.Fatalf("Do = %v: fn's ctx ended with the acquire budget", err)
 	}
 }

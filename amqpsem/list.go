@@ -175,6 +175,12 @@ func (s *Semaphore) setupRegistry(ctx context.Context) error {
 // read in time, or whose read failed at the broker, as "unreadable", with
 // the error in Warning.
 //
+// List publishes one message, the end marker of its read of the registry
+// (see readRegistry). During a resource alarm RabbitMQ blocks a
+// connection that publishes until the alarm clears, as it does for Init:
+// a List then fails, and so does other work on c that needs an answer
+// from the broker; give operators' Lists a Conn of their own.
+//
 // Errors: a wrapped broker error.
 func List(ctx context.Context, c *Conn) ([]tokensem.Info, error) {
 	s, err := newSemaphore(c, "", c.logTo())
@@ -198,7 +204,7 @@ func (s *Semaphore) list(ctx context.Context) ([]tokensem.Info, error) {
 		return nil, err
 	}
 	var out []tokensem.Info
-	err := s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
+	err := s.withRegistry(ctx, true, func(entries []registered) ([]registered, error) {
 		var drop, first []registered
 		seen := map[string]bool{}
 		for _, e := range entries {
@@ -319,7 +325,9 @@ func (s *Semaphore) unregister(ctx context.Context) {
 
 // removeEntries removes every registry entry of the semaphore.
 func (s *Semaphore) removeEntries(ctx context.Context) error {
-	return s.withRegistry(ctx, func(entries []registered) ([]registered, error) {
+	// Not exact: an entry missed is left for List to drop, and the
+	// marker's publish would make Delete wait out a resource alarm.
+	return s.withRegistry(ctx, false, func(entries []registered) ([]registered, error) {
 		var drop []registered
 		for _, e := range entries {
 			if e.Name == s.name {
@@ -353,8 +361,9 @@ func decodeEntry(b []byte) (e registryEntry, ok bool) {
 
 // withRegistry takes the registry lock, takes every entry, hands them to
 // fn, acknowledges (removes) the entries fn returns and puts the others
-// back. A registry that does not exist is empty.
-func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (drop []registered, err error)) error {
+// back. A registry that does not exist is empty. exact asks for a read
+// that ends on its own marker (see readRegistry).
+func (s *Semaphore) withRegistry(ctx context.Context, exact bool, fn func([]registered) (drop []registered, err error)) error {
 	ctx, unlock, err := s.takeLock(ctx, registryLock, "another List or Delete (the registry lock)")
 	if err != nil {
 		return err
@@ -394,7 +403,7 @@ func (s *Semaphore) withRegistry(ctx context.Context, fn func([]registered) (dro
 	if err != nil {
 		return wrapBrokerErr("read the registry", err)
 	}
-	entries, err := s.readRegistry(ctx, ch, deliveries)
+	entries, err := s.readRegistry(ctx, ch, deliveries, exact)
 	if err != nil {
 		return err
 	}
@@ -424,24 +433,34 @@ const registryReader = "tokensem-registry-reader"
 // returned before the List began), and so is one the broker could not
 // take in time (RabbitMQ answers it with 0 ready, 0 consumers). So the
 // read first waits until the queue says it has no entry ready and no
-// consumer but this one: a quorum queue drops a consumer and takes back
-// its entries in one step, so every earlier reader's entries are back and
-// every entry is handed to this reader. Handed is not received: a
-// delivery can still be on its way (a loaded machine held one past 250 ms
-// of silence), and one on its way at the consumer's cancel goes back to
-// the queue (3.10.8's rabbit_fifo_client returns what comes for a
-// cancelled consumer). So the reader then publishes a marker behind the
-// entries and reads until the marker comes: a quorum queue hands one
-// consumer its messages in queue order, so every entry handed before it
-// is in. (The marker is junk to every other reader, and the next List
-// drops one a dead reader left.) A user who may not publish to the
-// registry's exchange (the operator's rights before marker reads) reads
-// until registryQuiet passes with nothing coming instead, with a warning:
-// such a read can miss an entry on its way, which the next read lists. A
-// concurrent Init's entry may or may not be read. A consumer the queue
-// still counts after registryReadMax (a reader outside the lock, or one
-// on a node cut off from the queue's) is read around, with a warning.
-func (s *Semaphore) readRegistry(ctx context.Context, ch *channel, deliveries <-chan amqp.Delivery) ([]registered, error) {
+// consumer but this one: the count includes cancelled consumers still
+// holding entries, and a quorum queue drops a consumer whose channel
+// closed and hands its entries on in one step, so every earlier reader's
+// entries are back and handed to this reader.
+//
+// Handed is not received: a delivery can still be on its way (a loaded
+// machine held one past 250 ms of silence), and one on its way at the
+// consumer's cancel goes back to the queue (3.10.8's rabbit_fifo_client
+// returns what comes for a cancelled consumer). So an exact read then
+// publishes a marker and reads until the marker comes: the queue gives
+// each delivery to a consumer the next message id, and the client hands
+// them on in id order (it fetches a missing one before a later one), so
+// every entry handed before the marker is in by then. The marker is junk
+// to every other reader (the next List drops one a dead reader left). A
+// read that is not exact, that may not publish to the registry's exchange
+// (the operator's rights before marker reads), or whose connection the
+// broker blocks (a resource alarm) ends after registryQuiet with nothing
+// coming instead, and can miss an entry on its way, which the next read
+// gets; a List says so in a warning. A concurrent Init's entry may or may
+// not be read. A consumer the queue still counts after registryReadMax (a
+// reader outside the lock, or one on a node cut off from the queue's) is
+// read around, with a warning, and no marker: the queue could hand the
+// marker to that consumer.
+//
+// After a leader change the count may come from a follower that lags, and
+// the marker's read may miss an entry without a warning; the next read
+// gets it.
+func (s *Semaphore) readRegistry(ctx context.Context, ch *channel, deliveries <-chan amqp.Delivery, exact bool) ([]registered, error) {
 	var entries []registered
 	add := func(d amqp.Delivery) {
 		e, ok := decodeEntry(d.Body)
@@ -457,7 +476,6 @@ func (s *Semaphore) readRegistry(ctx context.Context, ch *channel, deliveries <-
 		quiet           // without a marker: until nothing came for registryQuiet
 	)
 	phase := counting
-	noMarker := false // a publish of the marker was refused
 read:
 	for {
 		select {
@@ -493,31 +511,37 @@ read:
 			case time.Now().After(giveUp):
 				s.log.Warn("registry entries are held by another reader or not delivered; listing those read",
 					"read", len(entries), "ready", q.Messages, "readers", q.Consumers, "error", err)
+				break read
 			default:
 				wait.Reset(registryPoll)
 				continue
 			}
-			if noMarker {
+			if !exact {
 				phase = quiet
 				wait.Reset(registryQuiet)
 				continue
 			}
-			switch err := s.publishRegistry(ctx, "mark the end of the registry read", marker); {
+			if reason := s.c.blockedReason(); reason != "" {
+				err = fmt.Errorf("%w (%s)", ErrBlocked, reason)
+			} else {
+				err = s.publishRegistry(ctx, "mark the end of the registry read", marker)
+			}
+			switch {
 			case err == nil:
 				phase = marked
 				wait.Reset(registryReadMax)
+				continue
 			case ctx.Err() != nil:
 				return nil, ctx.Err()
-			default:
-				msg := "the registry read could not publish its end marker, so it may miss an entry still on its way"
-				if denied(err) {
-					msg += " (grant write on the exchange " + registryExchange + ", see docs/permissions-rabbitmq.md)"
-				}
-				s.log.Warn(msg, "error", err)
-				noMarker = true
-				phase = quiet
-				wait.Reset(registryQuiet)
 			}
+			msg := "the registry read could not publish its end marker, so it may miss an entry still on its way"
+			if denied(err) {
+				msg += " (grant write on the exchange " + registryExchange + ", see docs/permissions-rabbitmq.md)"
+			}
+			s.log.Warn(msg, "error", err)
+			exact = false // once
+			phase = quiet
+			wait.Reset(registryQuiet)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
