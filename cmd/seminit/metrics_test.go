@@ -37,9 +37,11 @@ func testReconcileWatchMetrics(t *testing.T, b broker) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if !strings.Contains(p.stderr.String(), "metrics on http://"+addr+"/metrics") {
-		t.Errorf("the address was not announced: %q", p.stderr.String())
-	}
+	// Announced on stderr, another pipe than the one read above: wait
+	// for it to be copied.
+	eventually(t, 10*time.Second, "the metrics address announced on stderr", func() bool {
+		return strings.Contains(p.stderr.String(), "metrics on http://"+addr+"/metrics")
+	})
 }
 
 func scrape(t *testing.T, url string) string {
