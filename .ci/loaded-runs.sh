@@ -3,7 +3,8 @@
 # beside two CPU hogs, from a fresh clone of this repository's HEAD, and
 # prints one line per run: the flakiness proof issue 10 asks for.
 #   bash .ci/loaded-runs.sh [N]
-# Needs the brokers up: bash .ci/rabbitmq.sh and bash .ci/rabbitmq-cluster.sh up.
+# Needs the brokers up: bash .ci/rabbitmq.sh, bash .ci/rabbitmq-cluster.sh up
+# and (for a second cluster) TOKENSEM_RMQ_CLUSTER=2 bash .ci/rabbitmq-cluster.sh up.
 # Logs: $TMPDIR/loaded-run-I.log; python3 .ci/loaded-summary.py $TMPDIR tabulates them. Do not run .ci/run on the same machine
 # meanwhile: it restarts cluster nodes the node-loss tests kill.
 set -u
@@ -13,7 +14,11 @@ work=$(mktemp -d)
 git clone -q "$root" "$work/src"
 cd "$work/src"
 echo "commit $(git log --oneline -1)"
-export RABBITMQ_CLUSTER_URLS=$(bash .ci/rabbitmq-cluster.sh urls) CI=true
+RABBITMQ_CLUSTER_URLS=$(bash .ci/rabbitmq-cluster.sh urls)
+if TOKENSEM_RMQ_CLUSTER=2 bash .ci/rabbitmq-cluster.sh status 2>/dev/null | grep -q "tsa@localhost	up"; then
+	RABBITMQ_CLUSTER_URLS="$RABBITMQ_CLUSTER_URLS;$(TOKENSEM_RMQ_CLUSTER=2 bash .ci/rabbitmq-cluster.sh urls)"
+fi
+export RABBITMQ_CLUSTER_URLS CI=true
 export RABBITMQ_URL=${RABBITMQ_URL:-amqp://guest:guest@127.0.0.1:5672/}
 yes >/dev/null & y1=$!
 yes >/dev/null & y2=$!

@@ -33,9 +33,19 @@
 # nodes have booted and accept AMQP.
 set -euo pipefail
 
+# TOKENSEM_RMQ_CLUSTER=K (1 by default) picks the K-th of several such
+# clusters: its own data dir (the first's with "-K" appended), AMQP ports
+# 10*(K-1) higher, and epmd port K-1 higher. go test runs two test binaries
+# at once, and each may need a cluster whose nodes it kills.
+K=${TOKENSEM_RMQ_CLUSTER:-1}
+case $K in
+[1-9]) ;;
+*) echo "rabbitmq-cluster: TOKENSEM_RMQ_CLUSTER=$K: want 1 to 9" >&2; exit 2 ;;
+esac
 DIR=${TOKENSEM_RMQ_CLUSTER_DIR:-/tmp/tokensem-rmq-cluster}
-PORT0=${TOKENSEM_RMQ_CLUSTER_PORT:-5681}
-EPMD_PORT=${TOKENSEM_RMQ_CLUSTER_EPMD_PORT:-4391}
+PORT0=$((${TOKENSEM_RMQ_CLUSTER_PORT:-5681} + 10 * (K - 1)))
+EPMD_PORT=$((${TOKENSEM_RMQ_CLUSTER_EPMD_PORT:-4391} + K - 1))
+if [ "$K" != 1 ]; then DIR=$DIR-$K; fi
 HOST=localhost
 NODES=(tsa tsb tsc)
 SEED=tsa

@@ -93,7 +93,7 @@ func testMain(m *testing.M) int {
 	}
 	testenv.WaitBound()
 	code := m.Run()
-	for _, url := range []string{rabbitURL, os.Getenv(rabbittest.ClusterEnv)} {
+	for _, url := range append([]string{rabbitURL}, strings.Split(os.Getenv(rabbittest.ClusterEnv), ";")...) {
 		if url == "" {
 			continue
 		}

@@ -4,58 +4,70 @@ package rabbittest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
-// ClusterEnv names the comma-separated AMQP URLs of the 3-node RabbitMQ
-// cluster that .ci/rabbitmq-cluster.sh starts (nodes tsa, tsb, tsc, in that
-// order).
+// ClusterEnv names the AMQP URLs of the 3-node RabbitMQ clusters that
+// .ci/rabbitmq-cluster.sh starts: per cluster, the comma-separated URLs of
+// nodes tsa, tsb, tsc, in that order; clusters separated by ";", the K-th
+// being the script's TOKENSEM_RMQ_CLUSTER=K. go test runs two test binaries
+// at once: with two clusters, a test that kills nodes need not wait for
+// another binary's.
 const ClusterEnv = "RABBITMQ_CLUSTER_URLS"
 
-// Cluster is the 3-node RabbitMQ cluster of .ci/rabbitmq-cluster.sh.
+// Cluster is one 3-node RabbitMQ cluster of .ci/rabbitmq-cluster.sh.
 type Cluster struct {
 	URLs   []string // one per node, in Nodes order
 	script string
+	k      int // the script's TOKENSEM_RMQ_CLUSTER
 }
 
 // Nodes are the cluster's node names, in URL order.
 var Nodes = []string{"tsa", "tsb", "tsc"}
 
-// clusterMu serializes the tests of this process that stop nodes of the
-// one cluster; lockCluster serializes them across the test binaries that
-// go test runs at once.
-var clusterMu sync.Mutex
-
-// lockCluster takes an exclusive lock on a file beside the cluster's data
-// (flock: released by the kernel if the process dies) and returns its
-// release.
-func lockCluster() (func(), error) {
+// tryLockCluster takes, without waiting, an exclusive lock on a file
+// beside cluster k's data (flock: released by the kernel if the process
+// dies; two opens of the file exclude each other in one process too) and
+// returns its release, or nil if another test holds it.
+func tryLockCluster(k int) (func(), error) {
 	dir := os.Getenv("TOKENSEM_RMQ_CLUSTER_DIR")
 	if dir == "" {
 		dir = "/tmp/tokensem-rmq-cluster"
+	}
+	if k != 1 {
+		dir = fmt.Sprintf("%s-%d", dir, k) // as the script names it
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
 	}
 	f, err := os.OpenFile(filepath.Join(dir, "tests.lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	switch err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); {
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		_ = f.Close()
+		return nil, nil
+	case err != nil:
 		_ = f.Close()
 		return nil, err
 	}
 	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); _ = f.Close() }, nil
 }
 
-// NeedCluster returns the cluster of $RABBITMQ_CLUSTER_URLS and holds it
-// for t alone until t ends (tests that kill its nodes must not overlap).
-// Without the variable it skips t, or fails it under CI=true.
+// NeedCluster returns a cluster of $RABBITMQ_CLUSTER_URLS and holds it
+// for t alone until t ends (tests that kill its nodes must not overlap),
+// waiting for the first to be free. Without the variable it skips t, or
+// fails it under CI=true.
 func NeedCluster(t testing.TB) *Cluster {
 	t.Helper()
 	raw := os.Getenv(ClusterEnv)
@@ -65,28 +77,48 @@ func NeedCluster(t testing.TB) *Cluster {
 		}
 		t.Skipf("no RabbitMQ cluster: set %s=$(bash .ci/rabbitmq-cluster.sh)", ClusterEnv)
 	}
-	urls := strings.Split(raw, ",")
-	if len(urls) != len(Nodes) {
-		t.Fatalf("%s has %d URLs, want %d", ClusterEnv, len(urls), len(Nodes))
-	}
 	_, file, _, _ := runtime.Caller(0)
-	c := &Cluster{URLs: urls, script: filepath.Join(filepath.Dir(file), "..", "..", ".ci", "rabbitmq-cluster.sh")}
-	clusterMu.Lock()
-	unlock, err := lockCluster()
-	if err != nil {
-		clusterMu.Unlock()
-		t.Fatalf("lock the RabbitMQ cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		// Leave every node running for the next test.
-		if err := c.Start(Nodes...); err != nil {
-			t.Errorf("restart the cluster's nodes: %v", err)
+	script := filepath.Join(filepath.Dir(file), "..", "..", ".ci", "rabbitmq-cluster.sh")
+	var clusters []*Cluster
+	for i, list := range strings.Split(raw, ";") {
+		urls := strings.Split(strings.TrimSpace(list), ",")
+		if len(urls) != len(Nodes) {
+			t.Fatalf("%s: cluster %d has %d URLs, want %d", ClusterEnv, i+1, len(urls), len(Nodes))
 		}
-		unlock()
-		clusterMu.Unlock()
-	})
-	return c
+		clusters = append(clusters, &Cluster{URLs: urls, script: script, k: i + 1})
+	}
+	for waited := time.Duration(0); ; waited += clusterPoll {
+		for _, c := range clusters {
+			unlock, err := tryLockCluster(c.k)
+			if err != nil {
+				t.Fatalf("lock RabbitMQ cluster %d: %v", c.k, err)
+			}
+			if unlock == nil {
+				continue
+			}
+			if waited > 0 {
+				t.Logf("waited %v for RabbitMQ cluster %d", waited.Round(time.Second), c.k)
+			}
+			t.Cleanup(func() {
+				// Leave every node running for the next test.
+				if err := c.Start(Nodes...); err != nil {
+					t.Errorf("restart the cluster's nodes: %v", err)
+				}
+				unlock()
+			})
+			return c
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("waiting for a RabbitMQ cluster: %v", t.Context().Err())
+		case <-time.After(clusterPoll):
+		}
+	}
 }
+
+// clusterPoll is how often NeedCluster tries the clusters' locks while
+// every one is held.
+const clusterPoll = 100 * time.Millisecond
 
 // URL returns the URL of node (a name of Nodes).
 func (c *Cluster) URL(node string) string {
@@ -152,6 +184,7 @@ func (c *Cluster) Ctl(node string, args ...string) (string, error) {
 func (c *Cluster) run(args ...string) (string, error) {
 	var out, stderr bytes.Buffer
 	cmd := exec.Command("bash", append([]string{c.script}, args...)...)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("TOKENSEM_RMQ_CLUSTER=%d", c.k))
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
 		return out.String(), fmt.Errorf("rabbitmq-cluster.sh %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
