@@ -15,7 +15,7 @@ git clone -q "$root" "$work/src"
 cd "$work/src"
 echo "commit $(git log --oneline -1)"
 RABBITMQ_CLUSTER_URLS=$(bash .ci/rabbitmq-cluster.sh urls)
-if TOKENSEM_RMQ_CLUSTER=2 bash .ci/rabbitmq-cluster.sh status 2>/dev/null | grep -q "tsa@localhost	up"; then
+if [ "$(TOKENSEM_RMQ_CLUSTER=2 bash .ci/rabbitmq-cluster.sh status 2>/dev/null | grep -c "@localhost	up	")" = 3 ]; then
 	RABBITMQ_CLUSTER_URLS="$RABBITMQ_CLUSTER_URLS;$(TOKENSEM_RMQ_CLUSTER=2 bash .ci/rabbitmq-cluster.sh urls)"
 fi
 export RABBITMQ_CLUSTER_URLS CI=true

@@ -25,7 +25,9 @@
 # their own epmd on 127.0.0.1:$TOKENSEM_RMQ_CLUSTER_EPMD_PORT (4391), so
 # they never meet the default rabbit@host node, its epmd or its cookie.
 # Data, logs, config and the shared cookie live in $TOKENSEM_RMQ_CLUSTER_DIR
-# (/tmp/tokensem-rmq-cluster). `up` prints one line to stdout, the
+# (/tmp/tokensem-rmq-cluster). TOKENSEM_RMQ_CLUSTER=K (see below) shifts
+# all of these for a K-th cluster: ports 5691..., 25691..., epmd 4392 and
+# /tmp/tokensem-rmq-cluster-2 for K=2. `up` prints one line to stdout, the
 # comma-separated URLs; progress and errors go to stderr. Nodes run as the
 # calling user, detached from the caller (own session, stdio on log files),
 # so a Go test may exec this script and wait for it. Exit status 0 means
@@ -35,14 +37,16 @@ set -euo pipefail
 
 # TOKENSEM_RMQ_CLUSTER=K (1 by default) picks the K-th of several such
 # clusters: its own data dir (the first's with "-K" appended), AMQP ports
-# 10*(K-1) higher, and epmd port K-1 higher. go test runs two test binaries
-# at once, and each may need a cluster whose nodes it kills.
+# 10*(K-1) higher, and epmd port K-1 higher. go test runs several test
+# binaries at once (-p, 2 on CI's 2 cores), and each may need a cluster
+# whose nodes it kills.
 K=${TOKENSEM_RMQ_CLUSTER:-1}
 case $K in
 [1-9]) ;;
 *) echo "rabbitmq-cluster: TOKENSEM_RMQ_CLUSTER=$K: want 1 to 9" >&2; exit 2 ;;
 esac
 DIR=${TOKENSEM_RMQ_CLUSTER_DIR:-/tmp/tokensem-rmq-cluster}
+DIR=${DIR%/}
 PORT0=$((${TOKENSEM_RMQ_CLUSTER_PORT:-5681} + 10 * (K - 1)))
 EPMD_PORT=$((${TOKENSEM_RMQ_CLUSTER_EPMD_PORT:-4391} + K - 1))
 if [ "$K" != 1 ]; then DIR=$DIR-$K; fi

@@ -176,7 +176,8 @@ func TestForeignConfigQueueRefused(t *testing.T) {
 // does not protect, is received once by a read (which refuses it), not
 // again at every retry.
 func TestUncappedConfigQueue(t *testing.T) {
-	t.Parallel()
+	// Not parallel: a List beside it reads its configuration, which
+	// counts a delivery of the message this test counts.
 	n := name(t)
 	initAMQP(t, n, 2)
 	if _, err := rawChannel(t).QueueDelete("tokensem."+n+".cfg", false, false, false); err != nil {

@@ -41,7 +41,7 @@ func dialNode(t *testing.T, c *rabbittest.Cluster, node string, opts ...amqpsem.
 // get it, once the slot's quarantine (W) is over; a reconcile then finds
 // the semaphore whole.
 func TestClusterClaimLostWithItsNode(t *testing.T) {
-	t.Parallel() // beside the tests that need no cluster; NeedCluster serializes those that do
+	t.Parallel() // beside the tests that need no cluster; NeedCluster gives each that does a cluster of its own
 	c := rabbittest.NeedCluster(t)
 	ctx := semtest.Context(t, 2*time.Minute)
 	n := name(t)
@@ -108,7 +108,7 @@ func TestClusterClaimLostWithItsNode(t *testing.T) {
 // waiter on tsc that repairs orphans must not hold the slot while the
 // stalled holder still holds its permit.
 func TestClusterStalledHolderNodeLoss(t *testing.T) {
-	t.Parallel() // beside the tests that need no cluster; NeedCluster serializes those that do
+	t.Parallel() // beside the tests that need no cluster; NeedCluster gives each that does a cluster of its own
 	c := rabbittest.NeedCluster(t)
 	ctx := semtest.Context(t, 3*time.Minute)
 	n := name(t)

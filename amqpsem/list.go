@@ -442,23 +442,18 @@ const registryReader = "tokensem-registry-reader"
 // machine held one past 250 ms of silence), and one on its way at the
 // consumer's cancel goes back to the queue (3.10.8's rabbit_fifo_client
 // returns what comes for a cancelled consumer). So an exact read then
-// publishes a marker and reads until the marker comes: the queue gives
-// each delivery to a consumer the next message id, and the client hands
-// them on in id order (it fetches a missing one before a later one), so
-// every entry handed before the marker is in by then. The marker is junk
-// to every other reader (the next List drops one a dead reader left). A
-// read that is not exact, that may not publish to the registry's exchange
-// (the operator's rights before marker reads), or whose connection the
-// broker blocks (a resource alarm) ends after registryQuiet with nothing
-// coming instead, and can miss an entry on its way, which the next read
-// gets; a List says so in a warning. A concurrent Init's entry may or may
-// not be read. A consumer the queue still counts after registryReadMax (a
-// reader outside the lock, or one on a node cut off from the queue's) is
-// read around, with a warning, and no marker: the queue could hand the
-// marker to that consumer.
-//
-// After a leader change the count may come from a follower that lags, and
-// the marker's read may miss an entry without a warning; the next read
+// publishes a marker and reads until the marker comes back, behind every
+// entry handed before it. The marker is junk to every other reader (the
+// next List drops one a dead reader left). A read that is not exact, or
+// that may not publish to the registry's exchange (an operator without
+// write on it), ends after registryQuiet with nothing coming instead, and
+// can miss an entry on its way, which the next read gets; a List says so
+// in a warning. A concurrent Init's entry may or may not be read. A
+// consumer the queue still counts after registryReadMax (a reader outside
+// the lock, or one on a node cut off from the queue's) is read around,
+// with a warning, and no marker: the queue could hand the marker to that
+// consumer. After a leader change the count may come from a follower that
+// lags, and the read may miss an entry without a warning; the next read
 // gets it.
 func (s *Semaphore) readRegistry(ctx context.Context, ch *channel, deliveries <-chan amqp.Delivery, exact bool) ([]registered, error) {
 	var entries []registered
@@ -521,11 +516,11 @@ read:
 				wait.Reset(registryQuiet)
 				continue
 			}
-			if reason := s.c.blockedReason(); reason != "" {
-				err = fmt.Errorf("%w (%s)", ErrBlocked, reason)
-			} else {
-				err = s.publishRegistry(ctx, "mark the end of the registry read", marker)
-			}
+			// The marker is behind every entry handed to this reader: the
+			// queue gives a consumer's deliveries rising message ids, and
+			// the client hands them on in id order (it fetches a missing
+			// one before a later one).
+			err = s.publishRegistry(ctx, "mark the end of the registry read", marker)
 			switch {
 			case err == nil:
 				phase = marked

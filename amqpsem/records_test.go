@@ -182,7 +182,10 @@ func dropRegistryEntries(t *testing.T, drop func([]byte) bool) {
 	defer check.Stop()
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		select {
-		case d := <-ds:
+		case d, ok := <-ds:
+			if !ok {
+				t.Fatal("the registry consumer was cancelled")
+			}
 			if end != nil && bytes.Equal(d.Body, end) {
 				_ = d.Ack(false)
 				return // the channel's close puts the rest back

@@ -204,10 +204,10 @@ func TestRoles(t *testing.T) {
 		}
 	})
 
-	// An operator given the rights documented before List's end marker
-	// (no write on the registry's exchange) still lists, and is told what
-	// to grant.
-	t.Run("operator without the marker's right", func(t *testing.T) {
+	// An operator without write on the registry's exchange cannot
+	// publish the end marker of its read: it still lists, and is told
+	// what to grant.
+	t.Run("operator without write on the registry exchange", func(t *testing.T) {
 		p := amqpsem.OperatorPermissions()
 		p.Write = `^tokensem\.\.registry$`
 		var log semtest.SyncBuffer

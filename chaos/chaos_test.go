@@ -313,7 +313,7 @@ func waitJetStream(t *testing.T, nc *nats.Conn) {
 	}
 }
 
-// TestChaosAMQPCluster: workers on the 3-node RabbitMQ cluster of
+// TestChaosAMQPCluster: workers on a 3-node RabbitMQ cluster of
 // .ci/rabbitmq-cluster.sh, spread over its nodes (each lists its node first
 // and fails over to the others); holders are killed and frozen, and the
 // node leading the token queue is SIGKILLed and later restarted. The

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -395,7 +396,7 @@ func testExecWeightedKilled(t *testing.T, b broker) {
 
 // TestExecHierarchyOppositeOrders: three semaphores of one permit each,
 // driven by two streams of seminit exec processes, one naming them a, b, c
-// and the other c, b, a, until each stream has run oppositeOrderExecs (or
+// and the other c, b, a, until both streams have run oppositeOrderExecs (or
 // a minute has passed). Taken in the order given, the two would soon each
 // hold one and wait for the other's; taken in one canonical order, every
 // exec finishes and no semaphore ever has two holders.
@@ -408,8 +409,8 @@ func TestExecHierarchyOppositeOrders(t *testing.T) {
 }
 
 // oppositeOrderExecs is how many execs each stream of
-// TestExecHierarchyOppositeOrders runs, their execs overlapping the other
-// stream's all along (beside two CPU hogs, a stream ran 97 in a minute on
+// TestExecHierarchyOppositeOrders runs at least, the other stream running
+// beside it all along (beside two CPU hogs, a stream ran 97 in a minute on
 // NATS and 242 on RabbitMQ).
 const oppositeOrderExecs = 60
 
@@ -435,10 +436,13 @@ func testExecHierarchyOppositeOrders(t *testing.T, b broker) {
 	}
 	deadline := time.Now().Add(run)
 	runs := make([]int, len(orders))
+	var done [2]atomic.Int64 // runs, read by the other stream
 	var wg sync.WaitGroup
 	for i, order := range orders {
 		wg.Go(func() {
-			for runs[i] < oppositeOrderExecs && time.Now().Before(deadline) {
+			// Until both streams have run their count: the faster one goes
+			// on beside the slower one.
+			for (done[0].Load() < oppositeOrderExecs || done[1].Load() < oppositeOrderExecs) && time.Now().Before(deadline) {
 				args := append(append([]string{"exec"}, order...), "--wait", "30s", "--", self)
 				p := startSeminit(t, env, args...)
 				var r result
@@ -453,6 +457,7 @@ func testExecHierarchyOppositeOrders(t *testing.T, b broker) {
 					return
 				}
 				runs[i]++
+				done[i].Add(1)
 			}
 		})
 	}

@@ -19,9 +19,10 @@ import (
 // ClusterEnv names the AMQP URLs of the 3-node RabbitMQ clusters that
 // .ci/rabbitmq-cluster.sh starts: per cluster, the comma-separated URLs of
 // nodes tsa, tsb, tsc, in that order; clusters separated by ";", the K-th
-// being the script's TOKENSEM_RMQ_CLUSTER=K. go test runs two test binaries
-// at once: with two clusters, a test that kills nodes need not wait for
-// another binary's.
+// being the script's TOKENSEM_RMQ_CLUSTER=K (by position: a list naming
+// only the second cluster would be taken for the first). go test runs
+// several test binaries at once (-p, 2 on CI's 2 cores): with two
+// clusters, a test that kills nodes need not wait for another binary's.
 const ClusterEnv = "RABBITMQ_CLUSTER_URLS"
 
 // Cluster is one 3-node RabbitMQ cluster of .ci/rabbitmq-cluster.sh.
@@ -39,7 +40,7 @@ var Nodes = []string{"tsa", "tsb", "tsc"}
 // dies; two opens of the file exclude each other in one process too) and
 // returns its release, or nil if another test holds it.
 func tryLockCluster(k int) (func(), error) {
-	dir := os.Getenv("TOKENSEM_RMQ_CLUSTER_DIR")
+	dir := strings.TrimSuffix(os.Getenv("TOKENSEM_RMQ_CLUSTER_DIR"), "/")
 	if dir == "" {
 		dir = "/tmp/tokensem-rmq-cluster"
 	}
@@ -108,17 +109,20 @@ func NeedCluster(t testing.TB) *Cluster {
 			})
 			return c
 		}
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("waiting for a RabbitMQ cluster: %v", t.Context().Err())
-		case <-time.After(clusterPoll):
+		if waited >= clusterWaitMax {
+			t.Fatalf("every RabbitMQ cluster of %s was held by another test for %v", ClusterEnv, clusterWaitMax)
 		}
+		time.Sleep(clusterPoll)
 	}
 }
 
 // clusterPoll is how often NeedCluster tries the clusters' locks while
-// every one is held.
-const clusterPoll = 100 * time.Millisecond
+// every one is held; clusterWaitMax bounds its wait (the longest test that
+// holds a cluster takes a few minutes beside two CPU hogs).
+const (
+	clusterPoll    = 100 * time.Millisecond
+	clusterWaitMax = 15 * time.Minute
+)
 
 // URL returns the URL of node (a name of Nodes).
 func (c *Cluster) URL(node string) string {
