@@ -110,7 +110,7 @@ func NeedCluster(t testing.TB) *Cluster {
 			return c
 		}
 		if waited >= clusterWaitMax {
-			t.Fatalf("every RabbitMQ cluster of %s was held by another test for %v", ClusterEnv, clusterWaitMax)
+			t.Fatalf("each of the %d RabbitMQ clusters of %s was held by another test for %v", len(clusters), ClusterEnv, clusterWaitMax)
 		}
 		time.Sleep(clusterPoll)
 	}
