@@ -22,6 +22,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/faultproxy"
+	"github.com/tokensem/tokensem/internal/natstest"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/reconciler"
@@ -343,11 +344,13 @@ func localSite() site {
 	}
 }
 
-func clusterSite(t *testing.T) site {
-	c := cluster(t)
+func clusterSite(t *testing.T) site { return siteOf(cluster(t)) }
+
+// siteOf is clients spread over the nodes of cluster c, with R3.
+func siteOf(c *natstest.Cluster) site {
 	return site{
 		addr:     func(i int) string { return c.Addr(i % c.Size()) },
-		connect:  func(t *testing.T, i int) *nats.Conn { return connectCluster(t, i%c.Size()) },
+		connect:  func(t *testing.T, i int) *nats.Conn { return connectTo(t, c, i%c.Size()) },
 		replicas: 3,
 	}
 }
@@ -943,13 +946,21 @@ func attackLog(t *testing.T, who string) natssem.Option {
 	return natssem.WithLogger(slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 }
 
-// TestAttackClusterChurn is TestAttackChurnStaleHandles on the 3-node
+// TestAttackClusterChurn is TestAttackChurnStaleHandles on a 3-node
 // cluster with R3 streams and buckets, clients spread over the nodes, and
 // in the middle of the run the node leading the bucket's stream (which
 // answers the configuration reads and orders every record write) stopped
 // for 3 s and restarted; slot records are read by direct gets, which any
-// replica answers, a lagging one included.
+// replica answers, a lagging one included. The cluster is its own, so
+// that stopping its nodes disturbs no other test and the run goes beside
+// the other parallel tests.
 func TestAttackClusterChurn(t *testing.T) {
+	t.Parallel()
+	c, err := natstest.StartCluster(semtest.Context(t, time.Minute), 3, t.TempDir())
+	if err != nil {
+		t.Fatalf("3-node cluster: %v", err)
+	}
+	t.Cleanup(c.Shutdown)
 	for _, tc := range []struct {
 		name      string
 		group     bool
@@ -961,8 +972,7 @@ func TestAttackClusterChurn(t *testing.T) {
 		{name: "lone, token stream leader stopped, reconciles", leaderOf: "tokens", reconcile: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := cluster(t)
-			st := clusterSite(t)
+			st := siteOf(c)
 			churn(t, churnConfig{
 				lives:     6,
 				counts:    []int{2, 1, 3},
@@ -976,7 +986,7 @@ func TestAttackClusterChurn(t *testing.T) {
 					if tc.leaderOf == "tokens" {
 						stream = tokenStream
 					}
-					nc := connectCluster(t, 0)
+					nc := connectTo(t, c, 0)
 					var leader int
 					var err error
 					for range 100 { // between lives the stream may not exist

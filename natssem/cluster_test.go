@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/internal/natstest"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/reconciler"
@@ -21,7 +22,13 @@ import (
 // over between them), preferring node first.
 func connectCluster(t testing.TB, first int) *nats.Conn {
 	t.Helper()
-	c := cluster(t)
+	return connectTo(t, cluster(t), first)
+}
+
+// connectTo connects to cluster c through node first, failing over to the
+// others.
+func connectTo(t testing.TB, c *natstest.Cluster, first int) *nats.Conn {
+	t.Helper()
 	urls := []string{"nats://" + c.Addr(first)}
 	for i := range c.Size() {
 		if i != first {
