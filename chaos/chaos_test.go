@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -57,9 +58,10 @@ func natsRules() []runOption {
 // (tokens that were lost) or removed.
 func settle(t *testing.T, r *run, sem tokensem.Semaphore, inv driver.Inventory) {
 	r.stopAll()
+	start := time.Now()
 	rep, err := reconciler.Run(semtest.Context(t, time.Minute), inv, true)
 	if err != nil {
-		t.Fatalf("reconcile after the run: %v", err)
+		t.Fatalf("reconcile after the run (%v): %v", time.Since(start).Round(time.Millisecond), err)
 	}
 	st, err := sem.Status(semtest.Context(t, time.Minute))
 	if err != nil {
@@ -327,13 +329,22 @@ func TestChaosAMQPCluster(t *testing.T) {
 	t.Parallel() // RabbitMQ's chaos runs side by side, after the NATS ones
 	p := chosenProfile(t)
 	c := rabbittest.NeedCluster(t)
-	conn, err := amqpsem.Dial(semtest.Context(t, time.Minute), c.URLsFrom("tsa"))
+	// The test's own connection and semaphore (its Status and the final
+	// reconcile) log here, shown if the test fails.
+	var log semtest.SyncBuffer
+	logger := slog.New(slog.NewTextHandler(&log, nil))
+	defer func() {
+		if t.Failed() {
+			t.Logf("the test's semaphore's log:\n%s", log.String())
+		}
+	}()
+	conn, err := amqpsem.Dial(semtest.Context(t, time.Minute), c.URLsFrom("tsa"), amqpsem.WithDialLogger(logger))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	name := "chaos-cluster-" + driver.NewToken("x", 0, 0).ID[:8]
-	sem, err := amqpsem.Init(semtest.Context(t, time.Minute), conn, name, p.permits)
+	sem, err := amqpsem.Init(semtest.Context(t, time.Minute), conn, name, p.permits, amqpsem.WithLogger(logger))
 	if err != nil {
 		t.Fatal(err)
 	}
