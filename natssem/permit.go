@@ -214,6 +214,12 @@ func (p *Permit) write(ctx context.Context, rec record) error {
 		case rec.free() && got.rec.free() && got.rec.By == p.d.holder:
 			p.setRev(got.rev)
 			return nil
+		case got.rec.Holder == p.d.holder && got.rev == rev && !errors.Is(err, errConflict):
+			// Unanswered (an election: a replica answers the read, no
+			// leader the write), and nothing changed: the caller retries
+			// the broker error. Counted as a change, three such answers
+			// gave a release up as "keeps changing" on a loaded machine.
+			return err
 		case got.rec.Holder == p.d.holder:
 			p.setRev(got.rev)
 		default:
