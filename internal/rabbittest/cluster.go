@@ -88,7 +88,9 @@ func NeedCluster(t testing.TB) *Cluster {
 		}
 		clusters = append(clusters, &Cluster{URLs: urls, script: script, k: i + 1})
 	}
-	for waited := time.Duration(0); ; waited += clusterPoll {
+	start := time.Now()
+	for {
+		waited := time.Since(start)
 		for _, c := range clusters {
 			unlock, err := tryLockCluster(c.k)
 			if err != nil {
@@ -97,7 +99,7 @@ func NeedCluster(t testing.TB) *Cluster {
 			if unlock == nil {
 				continue
 			}
-			if waited > 0 {
+			if waited >= clusterPoll { // not on the first try
 				t.Logf("waited %v for RabbitMQ cluster %d", waited.Round(time.Second), c.k)
 			}
 			t.Cleanup(func() {
