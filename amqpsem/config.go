@@ -357,27 +357,40 @@ func (s *Semaphore) configChannel(ctx context.Context, what string) (*channel, e
 const configWait = 100 * time.Millisecond
 
 // loadConfigOnce tries to read the configuration once: found false and no
-// error means someone holds the message now (or the broker's counts lag).
+// error means someone held the message for the whole try (or the
+// broker's counts lagged).
 //
 // It consumes the message rather than taking it with basic.get: RabbitMQ
 // answers a basic.get on a quorum queue that is electing a leader by
 // closing the whole connection (541), and with it every permit held on it,
 // while a consumer waits for the new leader. A consumer also queues behind
-// a reader that holds the message, and gets it when that one requeues it.
-// Closing the channel requeues the message.
+// a reader that holds the message, and gets it when that one returns it.
+//
+// The consumer is never cancelled: the read ends by closing the channel,
+// which returns the message. RabbitMQ 3.10's quorum queue keeps a message
+// checked out to a cancelled consumer whose node is lost until the queue's
+// leader changes (rabbit_fifo returns on a lost node only what its
+// consumers still consuming hold, and never watches the cancelled ones
+// again when the node comes back): a reader that cancelled and then held
+// the message for the few round trips before its close, on a node killed
+// at that moment, left every later reader without a configuration.
+// Closing instead keeps the consumer live until the channel is gone, and
+// a live consumer's messages come back when its node is lost.
 func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool, err error) {
 	ch, err := s.configChannel(ctx, "reading the configuration of "+s.name)
 	if err != nil {
 		return config{}, false, err
 	}
-	defer ch.Close()
+	defer ch.Close() // returns what it was delivered
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	var (
-		d     amqp.Delivery
-		ok    bool
-		q     amqp.Queue
-		extra bool // a second message came
+		d       amqp.Delivery
+		ok      bool
+		extra   bool // a second message came
+		alone   bool // nothing ready, and no consumer but this reader
+		noToken bool // ...and no token queue either
+		lookErr error
 	)
 	err = s.c.rpc(rctx, ch, func() error {
 		// Prefetch 2: a second message, which no writer leaves, is pushed
@@ -385,8 +398,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		if err := ch.Qos(2, 0, false); err != nil {
 			return err
 		}
-		tag := "tokensem-config-" + ids.New()
-		ds, err := ch.Consume(configQueue(s.name), tag, false, false, false, false, nil)
+		ds, err := ch.Consume(configQueue(s.name), "tokensem-config-"+ids.New(), false, false, false, false, nil)
 		if err != nil {
 			return err
 		}
@@ -401,56 +413,72 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 			// answer counts it: RabbitMQ answers a count it could not take
 			// (the queue's leader lost, or busy for 250 ms) with 0 ready and
 			// 0 consumers.
-			if q, err = ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil); err != nil {
+			q, err := ch.QueueDeclarePassive(configQueue(s.name), true, false, false, false, nil)
+			if err != nil {
 				return err
 			}
-		}
-		// The cancel returns once every delivery the broker sent before
-		// it is in (amqp091 receives a body whole before it hands the
-		// delivery over): a message that came after the wait, a large one
-		// still arriving, is taken too, not dropped to be received again by
-		// the next try.
-		if err := ch.Cancel(tag, false); err != nil {
-			return err
-		}
-		for dd := range ds { // amqp091 closes it once the buffered ones are out
-			if ok {
-				extra = true
-			} else {
-				d, ok = dd, true
+			if alone = askerAlone(q); !alone {
+				// Held by another reader (or a writer): try again, after a
+				// pause that leaves a writer's basic.get a moment to find
+				// the message ready, which waiting here in line would not.
+				return nil
+			}
+			var exists bool
+			if exists, lookErr = s.queueExists(rctx, tokenQueue(s.name)); lookErr != nil || !exists {
+				noToken = lookErr == nil
+				return nil
+			}
+			// Wait on as a consumer, for a message the counts did not
+			// show yet (they lag a requeue), or one still on its way to
+			// this reader (a large one, which closing now would return
+			// and the next try would miss the same way): up to half the
+			// round trip's bound, leaving the other half for the
+			// questions after it.
+			t.Reset(s.opts.RequestTimeout / 2)
+			select {
+			case d, ok = <-ds:
+			case <-t.C:
+				return nil
 			}
 		}
-		if ok && !extra {
-			extra, err = s.readyAfter(ch)
+		if !ok {
+			return nil // the channel closed under the consumer: the rpc says why
 		}
-		return err
+		if extra, err = s.readyAfter(ch); err != nil || extra {
+			return err
+		}
+		// A second message would have been pushed with the first: it is in
+		// by the time the broker has answered readyAfter's question.
+		select {
+		case _, extra = <-ds:
+		default:
+		}
+		return nil
 	}, nil)
 	switch {
 	case isCode(err, amqp.NotFound):
 		return config{}, false, fmt.Errorf("%w: %s", tokensem.ErrNotInitialized, s.name)
 	case err != nil:
 		return config{}, false, wrapBrokerErr("reading the configuration of "+s.name, err)
+	case lookErr != nil:
+		return config{}, false, lookErr
 	case ok && extra:
 		return config{}, false, invalidConfig(s.name, errExtraRecord)
 	case ok:
 		cfg, err := decodeConfig(s.name, d.Body)
 		return cfg, err == nil, err
-	case !askerAlone(q):
-		return config{}, false, nil // try again
-	}
-	// Nothing is ready and no consumer but this reader, by a real answer:
-	// there is no message. A creation died after declaring the queue, if
-	// the token queue does not exist yet. Otherwise the message should
-	// exist, and the counts lag (they do for a moment after a requeue):
-	// try again. If it stays so, the message is gone (see errMissingRecord).
-	exists, err := s.queueExists(ctx, tokenQueue(s.name))
-	switch {
-	case err != nil:
-		return config{}, false, err
-	case !exists:
+	case noToken:
+		// Nothing is ready and no consumer but this reader, by a real
+		// answer, and no token queue: a creation died after declaring the
+		// configuration queue.
 		return config{}, false, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
+	case alone:
+		// The token queue exists, so the message should too, and the
+		// counts lag: try again. If it stays so, the message is gone (see
+		// errMissingRecord).
+		return config{}, false, errNoMessage
 	}
-	return config{}, false, errNoMessage
+	return config{}, false, nil // held by another reader: try again
 }
 
 // askerAlone reports whether q, a quorum queue's counts taken while one
