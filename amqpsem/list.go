@@ -482,7 +482,13 @@ read:
 				if err := ch.Ack(d.DeliveryTag, false); err != nil {
 					return nil, wrapBrokerErr("read the registry", err)
 				}
-				break read
+				// Every entry handed before the marker is in, so the
+				// consumer is not cancelled: RabbitMQ 3.10 keeps what a
+				// cancelled consumer holds when its node is lost until
+				// the queue's leader changes (see loadConfigOnce), and the
+				// entries stay held until fn is done and the channel
+				// closes.
+				return entries, nil
 			}
 			add(d)
 			if phase != marked {
@@ -541,6 +547,11 @@ read:
 			return nil, ctx.Err()
 		}
 	}
+	// Without the marker, the cancel brings in what is on its way. The
+	// entries then stay held by a cancelled consumer until the channel
+	// closes: lost with its node at that moment, they stay out of sight
+	// until the registry's leader changes, and later reads warn that a
+	// consumer holds them.
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	if err := s.c.rpc(rctx, ch, func() error { return ch.Cancel(registryReader, false) }, nil); err != nil {
