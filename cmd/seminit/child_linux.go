@@ -210,17 +210,17 @@ func (c *child) readers(stop <-chan struct{}) {
 			t.give(t.pgrp)
 			_ = syscall.Kill(0, syscall.SIGCONT)
 		} else if t.foreground() != t.pgrp {
-			_ = syscall.Kill(0, syscall.SIGTSTP)
+			stopJob(syscall.SIGTSTP)
 		}
 	}
 }
 
 // suspend handles a command stopped by sig as a shell would have, had it
-// run the command itself (see terminal). It waits until seminit is
-// continued before it decides who gets the terminal: kill returns before
-// the stop takes hold, and deciding at once raced the shell's bg, which
-// could hand the terminal to a background command. In an orphaned process
-// group, which the kernel does not stop, it goes on after a second.
+// run the command itself (see terminal). It decides who gets the terminal
+// only once seminit is continued (stopJob): deciding before raced the
+// shell's bg, which could hand the terminal to a background command. In an
+// orphaned process group, which the kernel does not stop, it goes on after
+// a second.
 func (c *child) suspend(sig syscall.Signal) {
 	t := c.term
 	fg := t.foreground()
@@ -238,10 +238,15 @@ func (c *child) suspend(sig syscall.Signal) {
 			// then, or at once if that came first). Until then the job
 			// stops, so the shell says it wants input; it is checked
 			// just before, as a fg since the command stopped must not
-			// be undone by a stop that comes after it.
+			// be undone by a stop that comes after it. A fg between the
+			// check and the stop taking hold is (the kernel stops a job
+			// in the background atomically only through a SIGTTIN at its
+			// default action, which os/signal's handler for readers
+			// replaces): the shell then shows the job stopped, and the
+			// next fg goes on.
 			t.wants.Store(true)
 			if t.foreground() != t.pgrp {
-				_ = syscall.Kill(0, syscall.SIGTSTP)
+				stopJob(syscall.SIGTSTP)
 			}
 			if t.foreground() == t.pgrp {
 				c.handOver()
@@ -255,6 +260,25 @@ func (c *child) suspend(sig syscall.Signal) {
 	if sig == syscall.SIGSTOP {
 		sig = syscall.SIGTSTP // SIGSTOP only comes from outside; the shell's fg continues a SIGTSTP
 	}
+	stopJob(sig)
+	if t.foreground() == t.pgrp {
+		t.give(c.pgid)
+	}
+	_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+}
+
+// stopJob stops seminit's job with sig, a stop signal (every process of
+// seminit's process group gets it: a pager after seminit in a pipeline
+// stops with it), and returns once seminit has been continued, or after a
+// second in an orphaned process group, where the kernel drops the stop.
+// kill(2) returns before the stop takes hold: the kernel wakes one thread
+// to take a signal sent to the whole process, the main one if it can,
+// which a loaded machine may run only milliseconds later. A caller that
+// went on to decide who gets the terminal raced the shell: a fg it saw
+// was undone by the late stop (the command handed the terminal, then
+// seminit's job stopped in the foreground and the shell took the terminal
+// back), and a bg could leave the command with the terminal.
+func stopJob(sig syscall.Signal) {
 	cont := make(chan os.Signal, 1)
 	signal.Notify(cont, syscall.SIGCONT)
 	defer signal.Stop(cont)
@@ -263,10 +287,6 @@ func (c *child) suspend(sig syscall.Signal) {
 	case <-cont:
 	case <-time.After(time.Second):
 	}
-	if t.foreground() == t.pgrp {
-		t.give(c.pgid)
-	}
-	_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
 }
 
 // handOver gives the terminal to a command that waits for it (wants) and

@@ -66,6 +66,7 @@ func (sh *shell) must(d time.Duration, want, what string) {
 var (
 	sttyLine = regexp.MustCompile(`stty=([0-9a-f:]+)\.`)
 	pidLine  = regexp.MustCompile(`pid=([0-9]+)\.`)
+	jobLine  = regexp.MustCompile(`\[1\] ([0-9]+)`) // the shell's line for a job started with &: its last process's pid
 )
 
 // match waits for re on the terminal and returns its first group.
@@ -130,6 +131,22 @@ func procState(pid int) byte {
 	return stat[i+2]
 }
 
+// hasTerminal reports whether process pid runs (is not stopped) in its
+// terminal's foreground process group.
+func hasTerminal(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return false
+	}
+	// After the name: state ppid pgrp session tty_nr tpgid ...
+	f := strings.Fields(string(stat[i+1:]))
+	return len(f) > 5 && f[0] != "T" && f[2] == f[5]
+}
+
 // readerScript prints its pid and "ready to read", reads a line from its
 // standard input and prints it back.
 func readerScript(t *testing.T) string {
@@ -144,13 +161,19 @@ func TestAttackCtrlZTwice(t *testing.T) {
 	nats.mustInit(t, name, 1)
 	sh := attackShell(t, nats.env())
 	sh.typeIn("seminit exec --name " + name + " -- " + readerScript(t) + "\n")
+	pid, _ := strconv.Atoi(sh.match(pidLine, "the command's pid"))
 	sh.expect("ready to read")
-	for range 2 {
+	for round := range 2 {
 		sh.typeIn("\x1a")
 		sh.expect("Stopped")
 		sh.expect("$ ")
 		sh.typeIn("fg\n")
 		sh.expect(name) // fg prints the job's command line
+		// The shell prints it before it hands the terminal on: a Ctrl-Z
+		// typed before the command has the terminal again goes to the
+		// shell, which ignores it, as it would without seminit.
+		eventually(t, 15*time.Second, fmt.Sprintf("round %d: the command running in the terminal's foreground after fg", round+1),
+			func() bool { return hasTerminal(pid) })
 	}
 	sh.typeIn("twice\n")
 	sh.must(10*time.Second, "got:twice", "the command after two Ctrl-Z and fg")
@@ -321,9 +344,17 @@ func TestAttackPermitLostInForeground(t *testing.T) {
 
 // TestAttackBugBackgroundThenFg: a job started in the background (&)
 // whose command reads the terminal stops, as it would without seminit; fg
-// must then let it read. Today the command, in a process group of its own
-// that the shell does not know, stays stopped after fg and exec hangs,
-// holding the permit, until Ctrl-C (flock and a plain `CMD &` read the line).
+// must then let it read. It did not: the command, in a process group of
+// its own that the shell does not know, stayed stopped after fg and exec
+// hung, holding the permit, until Ctrl-C (flock and a plain `CMD &` read
+// the line).
+//
+// The fg is typed once seminit has stopped too, as the shell shows the job
+// stopped only then. One typed in the moment between the command's stop
+// and seminit's (which the kernel cannot make one step: seminit sees the
+// command stop, then stops its own job) can find seminit stopping in the
+// foreground; the shell then shows the job stopped, and a second fg goes
+// on (see suspend).
 func TestAttackBugBackgroundThenFg(t *testing.T) {
 	nats := natsBroker()
 	name := uniqueName(t)
@@ -340,10 +371,13 @@ func TestAttackBugBackgroundThenFg(t *testing.T) {
 	sh.must(10*time.Second, "got:plain", "the plain job after fg")
 
 	sh.typeIn("seminit exec --name " + name + " -- " + reader + " &\n")
+	seminit, _ := strconv.Atoi(sh.match(jobLine, "seminit's pid"))
 	pid, _ := strconv.Atoi(sh.match(pidLine, "the command's pid"))
 	sh.expect("ready to read")
 	eventually(t, 15*time.Second, "the command stops on reading the terminal from the background",
 		func() bool { return procState(pid) == 'T' })
+	eventually(t, 15*time.Second, "seminit's job stops with it",
+		func() bool { return procState(seminit) == 'T' })
 	sh.typeIn("fg\n")
 	sh.typeIn("hello\n")
 	if sh.await(10*time.Second, "got:hello") < 0 {
