@@ -356,6 +356,10 @@ func (s *Semaphore) configChannel(ctx context.Context, what string) (*channel, e
 // before it asks whether another reader holds it or none exists.
 const configWait = 100 * time.Millisecond
 
+// secondWait is how long a read that received the configuration waits for
+// amqp091 to hand on a second message (see loadConfigOnce).
+const secondWait = 5 * time.Millisecond
+
 // loadConfigOnce tries to read the configuration once: found false and no
 // error means someone held the message for the whole try (or the
 // broker's counts lagged).
@@ -366,8 +370,10 @@ const configWait = 100 * time.Millisecond
 // while a consumer waits for the new leader. A consumer also queues behind
 // a reader that holds the message, and gets it when that one returns it.
 //
-// The consumer is never cancelled: the read ends by closing the channel,
-// which returns the message. RabbitMQ 3.10's quorum queue keeps a message
+// The read ends by closing the channel, which returns the message, with
+// the consumer live: it cancels only when nothing came and nothing else
+// consumes, to bring in a message still on its way (below). RabbitMQ
+// 3.10's quorum queue keeps a message
 // checked out to a cancelled consumer whose node is lost until the queue's
 // leader changes (rabbit_fifo returns on a lost node only what its
 // consumers still consuming hold, and never watches the cancelled ones
@@ -388,7 +394,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		d       amqp.Delivery
 		ok      bool
 		extra   bool // a second message came
-		alone   bool // nothing ready, and no consumer but this reader
+		alone   bool // nothing ready, no consumer but this reader, and nothing came
 		noToken bool // ...and no token queue either
 		lookErr error
 	)
@@ -398,7 +404,8 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		if err := ch.Qos(2, 0, false); err != nil {
 			return err
 		}
-		ds, err := ch.Consume(configQueue(s.name), "tokensem-config-"+ids.New(), false, false, false, false, nil)
+		tag := "tokensem-config-" + ids.New()
+		ds, err := ch.Consume(configQueue(s.name), tag, false, false, false, false, nil)
 		if err != nil {
 			return err
 		}
@@ -418,40 +425,61 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 				return err
 			}
 			if alone = askerAlone(q); !alone {
-				// Held by another reader (or a writer): try again, after a
-				// pause that leaves a writer's basic.get a moment to find
-				// the message ready, which waiting here in line would not.
+				// Held by another reader (or a writer): wait on in line
+				// a little longer, for the one that returns it now, then
+				// try again after a pause that leaves a writer's basic.get
+				// a moment to find the message ready.
+				t.Reset(configWait)
+				select {
+				case d, ok = <-ds:
+				case <-t.C:
+				case <-rctx.Done():
+				}
+				break
+			}
+			// Nothing ready and no other consumer: there is no message,
+			// or it is on its way to this reader (a large one still
+			// arriving). Only the cancel tells which: its answer comes
+			// after every delivery the broker sent before it, and amqp091
+			// receives a body whole before it hands it over. What it
+			// brings in is then held by a cancelled consumer until the
+			// close, one round trip, unchecked by readyAfter (see above
+			// for the risk; this path is rare: a message still arriving
+			// after configWait).
+			if err := ch.Cancel(tag, false); err != nil {
+				return err
+			}
+			for dd := range ds { // amqp091 closes it once the buffered ones are out
+				if ok {
+					extra = true
+				} else {
+					d, ok = dd, true
+				}
+			}
+			if ok {
 				return nil
 			}
 			var exists bool
-			if exists, lookErr = s.queueExists(rctx, tokenQueue(s.name)); lookErr != nil || !exists {
-				noToken = lookErr == nil
-				return nil
+			if exists, lookErr = s.queueExists(rctx, tokenQueue(s.name)); lookErr == nil && !exists {
+				noToken = true
 			}
-			// Wait on as a consumer, for a message the counts did not
-			// show yet (they lag a requeue), or one still on its way to
-			// this reader (a large one, which closing now would return
-			// and the next try would miss the same way): up to half the
-			// round trip's bound, leaving the other half for the
-			// questions after it.
-			t.Reset(s.opts.RequestTimeout / 2)
-			select {
-			case d, ok = <-ds:
-			case <-t.C:
-				return nil
-			}
+			return nil
 		}
 		if !ok {
-			return nil // the channel closed under the consumer: the rpc says why
+			return nil // nothing came, or the consumer or its channel closed: try again
 		}
 		if extra, err = s.readyAfter(ch); err != nil || extra {
 			return err
 		}
-		// A second message would have been pushed with the first: it is in
-		// by the time the broker has answered readyAfter's question.
+		// A second message is pushed with the first. By the time the
+		// broker has answered readyAfter's question amqp091 has received
+		// it, and its consumer buffer hands it on once it runs: a moment
+		// is waited for that. A machine too loaded to run it in that
+		// moment misses it, and a later read, or a writer, finds it then.
+		t.Reset(secondWait)
 		select {
 		case _, extra = <-ds:
-		default:
+		case <-t.C:
 		}
 		return nil
 	}, nil)
@@ -473,9 +501,10 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		// configuration queue.
 		return config{}, false, fmt.Errorf("%w: %s has no configuration yet", tokensem.ErrNotInitialized, s.name)
 	case alone:
-		// The token queue exists, so the message should too, and the
-		// counts lag: try again. If it stays so, the message is gone (see
-		// errMissingRecord).
+		// Nothing was on its way either, and the token queue exists, so
+		// the message should too, and the counts lag (they do for a moment
+		// after a requeue): try again. If it stays so, the message is gone
+		// (see errMissingRecord).
 		return config{}, false, errNoMessage
 	}
 	return config{}, false, nil // held by another reader: try again

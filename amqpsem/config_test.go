@@ -3,6 +3,7 @@ package amqpsem_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -200,4 +201,32 @@ func TestSilentBrokerOpenIsUnavailable(t *testing.T) {
 		t.Fatalf("open through a silent broker: %v, want an error wrapping ErrUnavailable", err)
 	}
 	t.Logf("open through a silent broker: %v", err)
+}
+
+// TestSecondConfigMessageRefused: a second message in a semaphore's
+// configuration queue (published by its admin; no writer of amqpsem leaves
+// one) makes every read refuse the configuration as an invalid record,
+// not pick one of the two: a reader is handed both (prefetch 2) and must
+// see the second, which reaches it along with the first.
+func TestSecondConfigMessageRefused(t *testing.T) {
+	t.Parallel()
+	n := name(t)
+	initAMQP(t, n, 1)
+	if !publishConfig(t, n, []byte(`{"junk":true}`)) {
+		t.Fatal("the broker did not confirm the second message")
+	}
+	c := dial(t, broker.Addr, 0)
+	for i := range 20 {
+		s, err := amqpsem.Open(t.Context(), c, n)
+		if err == nil {
+			s.Close()
+			t.Fatalf("open %d with two configuration messages: no error", i+1)
+		}
+		if !errors.Is(err, tokensem.ErrInvalidRecord) || !strings.Contains(err.Error(), "more than one message") {
+			t.Fatalf("open %d with two configuration messages: %v; want an invalid record naming the second message", i+1, err)
+		}
+	}
+	if err := amqpsem.ForceDelete(t.Context(), c, n); err != nil {
+		t.Fatalf("ForceDelete of a semaphore with two configuration messages: %v", err)
+	}
 }

@@ -239,11 +239,11 @@ func (c *child) suspend(sig syscall.Signal) {
 			// stops, so the shell says it wants input; it is checked
 			// just before, as a fg since the command stopped must not
 			// be undone by a stop that comes after it. A fg between the
-			// check and the stop taking hold is (the kernel stops a job
-			// in the background atomically only through a SIGTTIN at its
-			// default action, which os/signal's handler for readers
-			// replaces): the shell then shows the job stopped, and the
-			// next fg goes on.
+			// check and the stop taking hold is not caught (the kernel
+			// stops a job in the background atomically only through a
+			// SIGTTIN or SIGTTOU at its default action, which the
+			// handler os/signal installs for readers replaces): the shell
+			// then shows the job stopped, and the next fg goes on.
 			t.wants.Store(true)
 			if t.foreground() != t.pgrp {
 				stopJob(syscall.SIGTSTP)
