@@ -69,18 +69,27 @@ func (r *configReads) take(t *testing.T) map[string]int {
 	}
 }
 
-// warm takes and releases a permit of each semaphore once: the first claim
-// of a slot in a life confirms the life with a read of the configuration
-// (claim.go, lifeChecked), which the tests of idle keys do not count.
+// warm takes every permit of each semaphore, then releases them: the first
+// claim of a slot in a life confirms the life with a read of the
+// configuration (claim.go, lifeChecked), which the tests of idle keys do
+// not count. One permit was not enough: which slot's token a later
+// acquire gets depends on timing, and the first claim of the other slot
+// then read the configuration in the middle of a count.
 func warm(t *testing.T, sems ...*Semaphore) {
 	t.Helper()
 	for _, s := range sems {
-		p, err := s.Acquire(testContext(t))
-		if err != nil {
-			t.Fatal(err)
+		var held []tokensem.Permit
+		for range s.Permits() {
+			p, err := s.Acquire(testContext(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, p)
 		}
-		if err := p.Release(testContext(t)); err != nil {
-			t.Fatal(err)
+		for _, p := range held {
+			if err := p.Release(testContext(t)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }

@@ -349,8 +349,8 @@ func TestAttackPermitLostInForeground(t *testing.T) {
 // hung, holding the permit, until Ctrl-C (flock and a plain `CMD &` read
 // the line).
 //
-// The fg is typed once seminit has stopped too, as the shell shows the job
-// stopped only then. One typed in the moment between the command's stop
+// The fg is typed once seminit has stopped too and the shell lists the job
+// stopped, as a user would see it. One typed in the moment between the command's stop
 // and seminit's (which the kernel cannot make one step: seminit sees the
 // command stop, then stops its own job) can find seminit stopping in the
 // foreground; the shell then shows the job stopped, and a second fg goes
@@ -378,6 +378,25 @@ func TestAttackBugBackgroundThenFg(t *testing.T) {
 		func() bool { return procState(pid) == 'T' })
 	eventually(t, 15*time.Second, "seminit's job stops with it",
 		func() bool { return procState(seminit) == 'T' })
+	// And the shell has seen the job stop: a fg it runs before that finds
+	// the job running, gives it the terminal without a SIGCONT, and takes
+	// the terminal back when the stop reaches it (a plain job's too).
+	for try := 1; ; try++ {
+		sh.typeIn("jobs\n")
+		switch sh.await(10*time.Second, "Stopped", "Running") {
+		case 0:
+		case 1:
+			if try == 50 {
+				t.Fatal("the shell still lists the job running after 50 tries")
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		default:
+			t.Fatal("jobs printed neither Stopped nor Running")
+		}
+		break
+	}
+	sh.expect("$ ")
 	sh.typeIn("fg\n")
 	sh.typeIn("hello\n")
 	if sh.await(10*time.Second, "got:hello") < 0 {
