@@ -438,14 +438,26 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 				break
 			}
 			// Nothing ready and no other consumer: there is no message,
-			// or it is on its way to this reader (a large one still
-			// arriving). Only the cancel tells which: its answer comes
-			// after every delivery the broker sent before it, and amqp091
-			// receives a body whole before it hands it over. What it
-			// brings in is then held by a cancelled consumer until the
+			// or it is on its way to this reader: handed over by the
+			// reader before it while the count was asked (common when
+			// readers queue), or a large one still arriving. Wait for it
+			// as a live consumer first.
+			t.Reset(configWait)
+			select {
+			case d, ok = <-ds:
+			case <-t.C:
+			case <-rctx.Done():
+			}
+			if ok {
+				break
+			}
+			// Still nothing. Only the cancel tells which: its answer
+			// comes after every delivery the broker sent before it, and
+			// amqp091 receives a body whole before it hands it over. What
+			// it brings in is then held by a cancelled consumer until the
 			// close, one round trip, unchecked by readyAfter (see above
 			// for the risk; this path is rare: a message still arriving
-			// after configWait).
+			// 200 ms after the read began).
 			if err := ch.Cancel(tag, false); err != nil {
 				return err
 			}
