@@ -373,11 +373,10 @@ const secondWait = 5 * time.Millisecond
 // The read ends by closing the channel, which returns the message, with
 // the consumer live: it cancels only when nothing came and nothing else
 // consumes, to bring in a message still on its way (below). RabbitMQ
-// 3.10's quorum queue keeps a message
-// checked out to a cancelled consumer whose node is lost until the queue's
-// leader changes (rabbit_fifo returns on a lost node only what its
-// consumers still consuming hold, and never watches the cancelled ones
-// again when the node comes back): a reader that cancelled and then held
+// 3.10's quorum queue keeps a message checked out to a cancelled consumer
+// whose node is lost until the queue's leader changes (rabbit_fifo
+// returns on a lost node only what its consumers still consuming hold, and
+// never watches the cancelled ones again when the node comes back): a reader that cancelled and then held
 // the message for the few round trips before its close, on a node killed
 // at that moment, left every later reader without a configuration.
 // Closing instead keeps the consumer live until the channel is gone, and
@@ -394,7 +393,7 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 		d       amqp.Delivery
 		ok      bool
 		extra   bool // a second message came
-		alone   bool // nothing ready, no consumer but this reader, and nothing came
+		alone   bool // the count said nothing ready and no consumer but this reader
 		noToken bool // ...and no token queue either
 		lookErr error
 	)
@@ -424,31 +423,22 @@ func (s *Semaphore) loadConfigOnce(ctx context.Context) (cfg config, found bool,
 			if err != nil {
 				return err
 			}
-			if alone = askerAlone(q); !alone {
-				// Held by another reader (or a writer): wait on in line
-				// a little longer, for the one that returns it now, then
-				// try again after a pause that leaves a writer's basic.get
-				// a moment to find the message ready.
-				t.Reset(configWait)
-				select {
-				case d, ok = <-ds:
-				case <-t.C:
-				case <-rctx.Done():
-				}
-				break
-			}
-			// Nothing ready and no other consumer: there is no message,
-			// or it is on its way to this reader: handed over by the
-			// reader before it while the count was asked (common when
-			// readers queue), or a large one still arriving. Wait for it
+			// Held by another reader (or a writer): wait on in line a
+			// little longer, for the one that returns it now; then try
+			// again after a pause that leaves a writer's basic.get a
+			// moment to find the message ready. Alone: there is no
+			// message, or it is on its way to this reader (handed over by
+			// the reader before it while the count was asked, common when
+			// readers queue, or a large one still arriving); wait for it
 			// as a live consumer first.
+			alone = askerAlone(q)
 			t.Reset(configWait)
 			select {
 			case d, ok = <-ds:
 			case <-t.C:
 			case <-rctx.Done():
 			}
-			if ok {
+			if ok || !alone {
 				break
 			}
 			// Still nothing. Only the cancel tells which: its answer
