@@ -82,9 +82,13 @@ func (c *Conn) waitConfirms(ctx context.Context, ch *channel, pending []*amqp.De
 			return wrapBrokerErr("waiting for a publisher confirm", ch.refused(err))
 		}
 		if !ok {
-			// A channel the broker closed nacks what it had not confirmed.
+			// A channel the broker closed nacks what it had not confirmed,
+			// and so does amqp091 for a channel whose connection is lost.
 			if err := ch.refused(amqp.ErrClosed); denied(err) {
 				return err
+			}
+			if ch.IsClosed() {
+				return wrapBrokerErr("waiting for a publisher confirm", amqp.ErrClosed)
 			}
 			return errors.New("amqpsem: the broker refused (nacked) a publish")
 		}

@@ -319,15 +319,21 @@ func (s *Semaphore) closeSlots(ctx context.Context, slots, refuse int) (release 
 	if err != nil {
 		return nil, nil, err
 	}
-	release = func() { _ = ch.Close() }
+	chans := []*channel{ch} // every channel opened, for release
+	release = func() {
+		for _, ch := range chans {
+			_ = ch.Close()
+		}
+	}
 	for i := range slots {
 		if ch.IsClosed() { // a held slot's 403 closed it
-			if ch, _, err = s.c.channel(ctx); err != nil {
+			next, _, err := s.c.channel(ctx)
+			if err != nil {
 				release()
 				return nil, nil, err
 			}
-			prev := release
-			release = func() { prev(); _ = ch.Close() }
+			ch = next
+			chans = append(chans, ch)
 		}
 		q := claimQueue(s.name, i)
 		rctx, cancel := s.rtt(ctx)

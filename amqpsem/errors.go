@@ -83,11 +83,12 @@ func isCode(err error, code int) bool {
 
 // isConnectionLost reports whether err says the connection under a call
 // closed (the broker closed it after another call's 541, a restart, a lost
-// socket): the Conn makes it again, and the call may be retried on a new
-// channel.
+// socket; amqp091 reports a socket that failed or was closed under it, the
+// watchdog's drop among them, as 501): the Conn makes it again, and the
+// call may be retried on a new channel.
 func isConnectionLost(err error) bool {
 	return errors.Is(err, amqp.ErrClosed) || errors.Is(err, net.ErrClosed) ||
-		isCode(err, amqp.ConnectionForced) || isCode(err, amqp.InternalError)
+		isCode(err, amqp.ConnectionForced) || isCode(err, amqp.InternalError) || isCode(err, amqp.FrameError)
 }
 
 // isTLSFailure reports whether err is a TLS handshake that failed for its

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
@@ -80,8 +82,19 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 
 // init is Init with a name and permit count already checked (or, for a
 // gate, made by the library).
+//
+// The locked work is tried again when the connection under it is lost (the
+// Conn's watchdog drops one that a loaded machine left silent, and connects
+// again) or the broker fails it for a while: it is idempotent, as a second
+// Init is after a first that died, and holds no permit.
 func (s *Semaphore) init(ctx context.Context, permits int) (*Semaphore, error) {
-	cfg, err := s.initLocked(ctx, permits)
+	var cfg config
+	err := backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), lifecycleRetryable,
+		func(err error) { s.log.Warn("init: the broker failed; retrying", "err", err) },
+		func() (err error) {
+			cfg, err = s.initLocked(ctx, permits)
+			return err
+		})
 	if err != nil {
 		return nil, ctxerr.After(ctx, err)
 	}
@@ -223,9 +236,18 @@ func (s *Semaphore) retry(ctx context.Context, what string, step func() error) e
 // retryLocking is retry for a step that takes the lock itself: a step
 // whose lock was lost is tried again too, under the lock taken again.
 func (s *Semaphore) retryLocking(ctx context.Context, what string, step func() error) error {
-	retryable := func(err error) bool { return transient(err) || errors.Is(err, errLockLost) }
-	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), retryable,
+	return backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), lifecycleRetryable,
 		func(err error) { s.log.Warn(what+": the broker failed; retrying", "err", err) }, step)
+}
+
+// lifecycleRetryable reports whether a step that takes the lock itself
+// (Init, Delete, the registry's work) may be tried again after err: a
+// transient failure or a lost lock, but not a refusal the broker gives for
+// a reason that stays (a queue declared with other arguments, an
+// operation the broker does not allow).
+func lifecycleRetryable(err error) bool {
+	return (transient(err) || errors.Is(err, errLockLost)) &&
+		!isCode(err, amqp.PreconditionFailed) && !isCode(err, amqp.NotAllowed) && !isCode(err, amqp.NotImplemented)
 }
 
 func newSemaphore(c *Conn, name string, opts []Option) (*Semaphore, error) {
