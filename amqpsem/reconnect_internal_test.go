@@ -23,8 +23,9 @@ import (
 // next connection, within its context, instead of failing. The drops here
 // are the watchdog's own (the holders told, then the socket closed), at
 // random moments while the calls run; rounds go on until drops have cut a
-// few calls short.
+// few calls short. It runs beside others: the drops are of its own Conn.
 func TestLifecycleRidesOverDroppedConnections(t *testing.T) {
+	t.Parallel()
 	b := rabbittest.Need(t)
 	ctx := t.Context()
 	retries := &retryCounter{}

@@ -89,12 +89,10 @@ func Init(ctx context.Context, c *Conn, name string, permits int, opts ...Option
 // Init is after a first that died, and holds no permit.
 func (s *Semaphore) init(ctx context.Context, permits int) (*Semaphore, error) {
 	var cfg config
-	err := backoff.Retry(ctx, backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}, s.life.Done(), lifecycleRetryable,
-		func(err error) { s.log.Warn("init: the broker failed; retrying", "err", err) },
-		func() (err error) {
-			cfg, err = s.initLocked(ctx, permits)
-			return err
-		})
+	err := s.retryLocking(ctx, "init", func() (err error) {
+		cfg, err = s.initLocked(ctx, permits)
+		return err
+	})
 	if err != nil {
 		return nil, ctxerr.After(ctx, err)
 	}
