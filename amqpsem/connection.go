@@ -372,7 +372,7 @@ func (c *Conn) confirmChannel(ctx context.Context) (*channel, error) {
 	}
 	if err := c.rpc(ctx, ch, func() error { return ch.Confirm(false) }, nil); err != nil {
 		_ = ch.Close()
-		return nil, err
+		return nil, wrapBrokerErr("put a channel in confirm mode", err)
 	}
 	return ch, nil
 }

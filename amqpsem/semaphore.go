@@ -240,11 +240,11 @@ func (s *Semaphore) retryLocking(ctx context.Context, what string, step func() e
 
 // lifecycleRetryable reports whether a step that takes the lock itself
 // (Init, Delete, the registry's work) may be tried again after err: a
-// transient failure or a lost lock, but not a refusal the broker gives for
-// a reason that stays (a queue declared with other arguments, an
-// operation the broker does not allow).
+// transient failure, a lost lock or connection, but not a refusal the
+// broker gives for a reason that stays (a queue declared with other
+// arguments, an operation the broker does not allow).
 func lifecycleRetryable(err error) bool {
-	return (transient(err) || errors.Is(err, errLockLost)) &&
+	return (transient(err) || errors.Is(err, errLockLost) || isConnectionLost(err)) &&
 		!isCode(err, amqp.PreconditionFailed) && !isCode(err, amqp.NotAllowed) && !isCode(err, amqp.NotImplemented)
 }
 
