@@ -74,6 +74,11 @@ var (
 	// configuration). The broker's own error, wrapped beside it, names the
 	// reason. Backends fail such a request at once instead of retrying it.
 	ErrRefused = errors.New("tokensem: refused by the broker")
+	// ErrPriorityUnsupported is returned by a wait asked to wait in a class
+	// other than 0 (see WithPriority) on a broker that cannot serve
+	// classes: NATS servers before 2.12, whose consumers have no
+	// prioritized policy. The semaphore is left unchanged.
+	ErrPriorityUnsupported = errors.New("tokensem: priority classes need a broker that serves them")
 	// ErrTooManyWaiters is returned by Acquire when the broker refuses another
 	// waiting caller (the waiter limit set when the semaphore was created).
 	ErrTooManyWaiters = errors.New("tokensem: too many waiters")

@@ -11,7 +11,8 @@ import (
 // semaphore shares its permits.
 type Semaphore interface {
 	// Acquire blocks until a permit is held or ctx ends. Waiters are served
-	// in the order they started waiting. If ctx ends first, Acquire returns
+	// by class (see WithPriority), and within a class in the order they
+	// started waiting. If ctx ends first, Acquire returns
 	// ctx.Err() itself (err == context.Canceled holds, as with x/sync's
 	// semaphore), promptly: the broker calls under way are abandoned, not
 	// awaited, so it returns within about a broker round trip of ctx's end

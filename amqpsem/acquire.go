@@ -17,7 +17,9 @@ import (
 
 // Acquire blocks until it holds a permit or ctx ends. Each waiter consumes
 // the token queue on its own channel with prefetch 1, so the broker pushes
-// the next free token to the longest-subscribed waiter; on its first
+// the next free token to the longest-subscribed waiter of the highest
+// class waiting (see tokensem.WithPriority: the class is the consumer's
+// priority); on its first
 // delivery the waiter cancels its consumer and claims the token's slot. If
 // the connection drops while waiting, the call subscribes again on the new
 // connection (it holds nothing yet, so nothing is lost) and keeps waiting;
@@ -58,6 +60,10 @@ func (e errRetry) Error() string { return "amqpsem: retry" }
 // ctx ends.
 func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	prio, err := tokensem.PriorityOf(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if !noWait {
@@ -103,7 +109,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			if noWait {
 				p, err = s.get(ctx, pc)
 			} else {
-				p, err = s.wait(ctx, pc, oc)
+				p, err = s.wait(ctx, pc, oc, prio)
 			}
 			return err
 		}, func() {
@@ -165,12 +171,12 @@ func (s *Semaphore) enterWait() (leave func(), err error) {
 	return func() { s.waiters.Add(-1); s.c.waiters.Add(-1) }, nil
 }
 
-// wait consumes the token queue until one delivery arrives, checking for
-// orphaned tokens when oc says so.
-func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck) (*Permit, error) {
+// wait consumes the token queue, as a waiter of class prio, until one
+// delivery arrives, checking for orphaned tokens when oc says so.
+func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck, prio tokensem.Priority) (*Permit, error) {
 	ch := pc.ch
 	tag := "tokensem-" + driver.NewToken(s.name, 0, 1).ID
-	deliveries, err := ch.Consume(tokenQueue(s.name), tag, false, false, false, false, nil)
+	deliveries, err := ch.Consume(tokenQueue(s.name), tag, false, false, false, false, waiterArgs(prio))
 	switch {
 	case isCode(err, amqp.NotFound):
 		return nil, fmt.Errorf("%w: token queue %s is gone", tokensem.ErrNotInitialized, tokenQueue(s.name))
@@ -226,6 +232,20 @@ func (s *Semaphore) wait(ctx context.Context, pc *pooledChannel, oc *orphanCheck
 			return p, nil
 		}
 	}
+}
+
+// A waiter's consumer priority (x-priority; RabbitMQ serves the highest
+// first, and in subscription order within one) is its class plus
+// waiterPriorityBase: every class ranks above the census's consumer, at
+// censusPriority, which takes only what no waiter wants.
+const (
+	waiterPriorityBase = 10
+	censusPriority     = 0
+)
+
+// waiterArgs are the consume arguments of a waiter of class p.
+func waiterArgs(p tokensem.Priority) amqp.Table {
+	return amqp.Table{"x-priority": int32(waiterPriorityBase + int(p))}
 }
 
 // get takes one ready token with basic.get, or returns ErrNoPermit.

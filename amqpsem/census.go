@@ -238,7 +238,7 @@ func (s *Semaphore) streamReady(ctx context.Context, ch *channel, counted int) (
 		return nil, err
 	}
 	tag := "tokensem-census-" + driver.NewToken(s.name, 0, 1).ID
-	deliveries, err := ch.Consume(tokenQueue(s.name), tag, false, false, false, false, nil)
+	deliveries, err := ch.Consume(tokenQueue(s.name), tag, false, false, false, false, amqp.Table{"x-priority": int32(censusPriority)})
 	if err != nil {
 		return nil, err
 	}

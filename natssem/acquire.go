@@ -14,11 +14,13 @@ import (
 	"github.com/tokensem/tokensem/internal/semopts"
 )
 
-// Acquire blocks until it holds a permit or ctx ends. Callers are served in
-// the order they started waiting (one pull request each, queued FIFO by the
-// server; a caller waiting longer than the pull expiry re-queues at the
-// back; on a cluster, a caller that gives up leaves its place to the next
-// caller of the same Semaphore, see waiter). On failure nothing changes: a
+// Acquire blocks until it holds a permit or ctx ends. Callers are served by
+// class (see tokensem.WithPriority; the pull's priority), and within a
+// class in the order they started waiting (one pull request each, queued
+// FIFO by the server; a caller waiting longer than the pull expiry
+// re-queues at the back of its class; on a cluster, a caller that gives up
+// leaves its place to the next caller of its class of the same Semaphore,
+// see waiter). On failure nothing changes: a
 // token delivered to a caller that gave up is handed on to the next waiter.
 //
 // A broker that does not answer for a while (a stream or consumer electing
@@ -26,6 +28,8 @@ import (
 // not end the wait: Acquire waits on through it until ctx ends.
 //
 // Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrTooManyWaiters,
+// tokensem.ErrInvalidOption and tokensem.ErrPriorityUnsupported (a class
+// out of range, or one the semaphore's consumer cannot serve),
 // tokensem.ErrNotInitialized (the semaphore was deleted),
 // tokensem.ErrPermissionDenied (the broker refused one of the semaphore's
 // subjects, named in the error), or a broker error that waiting cannot
@@ -57,6 +61,14 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if s.isClosed() {
 		return nil, tokensem.ErrClosed
 	}
+	prio, err := tokensem.PriorityOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if prio != 0 && !noWait && s.config().PriorityGroup == "" {
+		return nil, fmt.Errorf("%w: the token consumer of %s serves waiters in arrival order only (nats-server 2.12 or later orders them by class, for semaphores created there)",
+			tokensem.ErrPriorityUnsupported, s.name)
+	}
 	if !noWait {
 		if n := s.waiting.Add(1); n > int64(s.opts.maxLocal) {
 			s.waiting.Add(-1)
@@ -70,7 +82,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	// the broker drops what it refuses without an answer.
 	ctx, stop := s.rights.guard(ctx, s, 0)
 	defer stop()
-	w, err := s.getWaiter(!noWait)
+	w, err := s.getWaiter(!noWait, natsClass(prio))
 	if err != nil {
 		return nil, err
 	}

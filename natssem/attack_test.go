@@ -777,7 +777,7 @@ func pauseClaimer(t *testing.T, ctx context.Context, addr, name, group string, i
 		t.Fatal(err)
 	}
 	cons := holdersConsumer(t, ctx, rawJS, name, group)
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup("tokensem"))
 	if err != nil {
 		t.Fatal(err)
 	}

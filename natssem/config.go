@@ -41,6 +41,11 @@ type config struct {
 	// Was is the state Delete found, put back if it refuses; empty on a
 	// placeholder Delete wrote where there was no configuration yet.
 	Was string `json:"was,omitempty"`
+	// PriorityGroup is the token consumer's priority group when the
+	// consumer serves pulls by class (the "prioritized" policy, nats-server
+	// 2.12 and later), empty when it serves them in arrival order only:
+	// pulls name it, and a wait in a class other than 0 needs it.
+	PriorityGroup string `json:"priority_group,omitempty"`
 
 	// gen is the group's generation read before this configuration was,
 	// if genKnown (see generation.go); not stored.
@@ -98,6 +103,8 @@ func (c config) check() error {
 		return stored.Invalid("state %s", stored.Clip([]byte(c.State)))
 	case c.Was != "" && c.Was != stateSeeding && c.Was != stateReady:
 		return stored.Invalid("earlier state %s", stored.Clip([]byte(c.Was)))
+	case c.PriorityGroup != "" && c.PriorityGroup != priorityGroup:
+		return stored.Invalid("priority group %s (this client names %s)", stored.Clip([]byte(c.PriorityGroup)), priorityGroup)
 	}
 	if err := stored.Len("key_check", c.KeyCheck, 64); err != nil {
 		return err

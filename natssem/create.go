@@ -193,8 +193,20 @@ const MaxGroupKeys = 1_000_000
 
 // createConsumer creates the holders consumer with an ack wait of lease,
 // replacing one that exists with another configuration: it runs while a
-// life is being seeded, whose tokens nobody holds yet.
-func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) error {
+// life is being seeded, whose tokens nobody holds yet. It returns the
+// consumer's priority group, or "" when the server cannot order pulls by
+// class (see config.PriorityGroup).
+//
+// The consumer's replicas are set to the stream's, not left to inherit
+// them: a server that shuts down answers each pull on a consumer whose
+// replicas read 0 or 1 with "409 Server Shutdown", and the new leader then
+// answers it again with "409 Leadership Change", which would end a
+// re-issued pull's count while that pull is queued.
+func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) (string, error) {
+	stream, err := s.js.Stream(ctx, s.lay.stream)
+	if err != nil {
+		return "", wrapBrokerErr(err)
+	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.lay.consumer,
 		Description:   "tokensem holders of " + s.name,
@@ -204,27 +216,65 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) err
 		MaxWaiting:    s.opts.maxWaiters,
 		MaxAckPending: -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
+		Replicas:      stream.CachedInfo().Config.Replicas,
+		// Pulls are served by class (lower first), in arrival order
+		// within one.
+		PriorityPolicy: jetstream.PriorityPolicyPrioritized,
+		PriorityGroups: []string{priorityGroup},
 	}
 	if s.lay.grouped() {
 		cc.FilterSubject = s.lay.subject
 	}
-	_, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
+	info, err := s.putConsumer(ctx, cc, lease)
+	if isUnknownPolicy(err) {
+		// A server before 2.12 (2.11 refuses the policy; 2.10 drops it
+		// unread, which the read-back below catches): arrival order only.
+		s.log.Info("the server cannot serve priority classes; waiters are served in arrival order only")
+		cc.PriorityPolicy, cc.PriorityGroups = jetstream.PriorityPolicyNone, nil
+		info, err = s.putConsumer(ctx, cc, lease)
+	}
+	switch {
+	case err == nil && info.Config.PriorityPolicy == jetstream.PriorityPolicyPrioritized:
+		return priorityGroup, nil
+	case err == nil:
+		return "", nil
+	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
+		// Not a broker that failed to answer: retrying cannot help.
+		return "", fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
+	}
+	return "", wrapBrokerErr(err)
+}
+
+// putConsumer creates the token consumer with cc, replacing one left with
+// another configuration.
+func (s *Semaphore) putConsumer(ctx context.Context, cc jetstream.ConsumerConfig, lease time.Duration) (*jetstream.ConsumerInfo, error) {
+	c, err := s.js.CreateConsumer(ctx, s.lay.stream, cc)
 	if errors.Is(err, jetstream.ErrConsumerExists) {
 		// Left with another configuration, which cannot all be updated
 		// (the server refuses a new MaxWaiting): made anew.
 		s.log.Info("replacing a token consumer made with another configuration", "lease", lease)
 		if err = s.js.DeleteConsumer(ctx, s.lay.stream, s.lay.consumer); err == nil || errors.Is(err, jetstream.ErrConsumerNotFound) {
-			_, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
+			c, err = s.js.CreateConsumer(ctx, s.lay.stream, cc)
 		}
 	}
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, jetstream.ErrMaximumConsumersLimit):
-		// Not a broker that failed to answer: retrying cannot help.
-		return fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
+	if err != nil {
+		return nil, err
 	}
-	return wrapBrokerErr(err)
+	return c.CachedInfo(), nil
+}
+
+// priorityGroup is the token consumer's one priority group, which every
+// pull names.
+const priorityGroup = "tokensem"
+
+// isUnknownPolicy reports whether err is a server's refusal of the
+// prioritized policy: nats-server 2.11 does not know it and answers that
+// the request is invalid JSON (JSInvalidJSONErr, 10025; nats.go names no
+// constant for it).
+func isUnknownPolicy(err error) bool {
+	const invalidJSON jetstream.ErrorCode = 10025
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == invalidJSON
 }
 
 // prepareLife readies the semaphore for the seeding of a life: its token
@@ -237,18 +287,21 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) err
 // a Delete). A seeding resumed or taken over keeps the subject: tokens of
 // its own life may be there already, and publishing them again would be
 // dropped as duplicates.
-func (s *Semaphore) prepareLife(ctx context.Context, lease time.Duration, fresh bool) error {
+//
+// It returns the consumer's priority group (see config.PriorityGroup),
+// which the life's ready configuration names.
+func (s *Semaphore) prepareLife(ctx context.Context, lease time.Duration, fresh bool) (string, error) {
 	rctx, cancel := s.rtt(ctx)
-	err := s.createConsumer(rctx, lease)
+	group, err := s.createConsumer(rctx, lease)
 	cancel()
 	if err != nil || !fresh || !s.lay.grouped() {
-		return err
+		return group, err
 	}
 	n, err := s.clearTokens(ctx)
 	if n > 0 {
 		s.log.Warn("removed messages an earlier life of the key left", "messages", n)
 	}
-	return err
+	return group, err
 }
 
 // clearTokens deletes every message on a group key's subject, one by one,
@@ -294,7 +347,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		rev, err := s.kv.Create(rctx, s.lay.key(configKey), want.encode())
 		cancel()
 		if err == nil {
-			if err := s.prepareLife(ctx, want.Lease, true); err != nil {
+			if want.PriorityGroup, err = s.prepareLife(ctx, want.Lease, true); err != nil {
 				s.dropConfig(ctx, rev)
 				return config{}, err
 			}
@@ -327,7 +380,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 		}
 		if cfg.Seeder == me {
 			// This Init's own seeding, interrupted: resume it.
-			if err := s.prepareLife(ctx, cfg.Lease, false); err != nil {
+			if cfg.PriorityGroup, err = s.prepareLife(ctx, cfg.Lease, false); err != nil {
 				return config{}, err
 			}
 			return s.seed(ctx, cfg, rev)
@@ -340,7 +393,7 @@ func (s *Semaphore) createConfig(ctx context.Context, permits int) (config, erro
 			cancel()
 			if err == nil {
 				s.log.Warn("took over a stalled token seeding")
-				if err := s.prepareLife(ctx, cfg.Lease, false); err != nil {
+				if cfg.PriorityGroup, err = s.prepareLife(ctx, cfg.Lease, false); err != nil {
 					return config{}, err
 				}
 				return s.seed(ctx, cfg, rev)

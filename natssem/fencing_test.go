@@ -81,7 +81,7 @@ func TestStaleNakDoesNotAdmitSecondHolder(t *testing.T) {
 	c := openNATS(t, name)
 
 	// R takes the token behind tokensem's back and goes silent.
-	batch, err := rawConsumer(t, name).Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	batch, err := rawConsumer(t, name).Fetch(1, jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup("tokensem"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ type Semaphore struct {
 	log      *slog.Logger
 	pullSubj string
 	seeder   string // this client's id as the creator of a semaphore (Init)
-	waitPull []byte // body of a waiting pull request
+	pulls    *pullBodies
 	returned *handbacks
 	rights   *watcher      // of the connection's permission refusals
 	slots    *slotStore    // set once the bucket is found
@@ -270,7 +270,7 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		seeder:      ids.New(),
 		returned:    newHandbacks(nc),
 		rights:      watch(nc),
-		waitPull:    mustMarshal(pullRequest{Batch: 1, Expires: o.pullExpiry, Heartbeat: o.heartbeat}),
+		pulls:       newPullBodies(o.pullExpiry, o.heartbeat),
 		done:        make(chan struct{}),
 		lockTTL:     defaultLockTTL,
 		releaseWait: maxReleaseWait,

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/tokensem/tokensem"
 )
 
 // A waiter is one Acquire call's place in the consumer's queue of pull
@@ -40,6 +42,9 @@ type waiter struct {
 
 	mu        sync.Mutex
 	abandoned bool
+	// class is the natsClass the waiter pulls in: a queued pull keeps the
+	// class it was sent with, and only a call of that class adopts it.
+	class int
 	// pulls counts pull requests that may still be pending at the server:
 	// each pull adds one; a delivery, 404, 408, 409 or 503 ends one. A
 	// waiter with none pending can be reused as is (no unsubscribe, no
@@ -54,8 +59,6 @@ type waiter struct {
 // maxIdleWaiters bounds the inboxes a semaphore keeps for reuse.
 const maxIdleWaiters = 64
 
-var noWaitPull = mustMarshal(pullRequest{Batch: 1, NoWait: true})
-
 func mustMarshal(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -69,15 +72,60 @@ type pullRequest struct {
 	Expires   time.Duration `json:"expires,omitempty"`
 	Heartbeat time.Duration `json:"idle_heartbeat,omitempty"`
 	NoWait    bool          `json:"no_wait,omitempty"`
+	// Group and Priority place the pull on a consumer that serves pulls
+	// by class (see config.PriorityGroup): 0 first, 9 last.
+	Group    string `json:"group,omitempty"`
+	Priority int    `json:"priority,omitempty"`
+}
+
+// natsClasses is how many classes a prioritized consumer orders.
+const natsClasses = int(tokensem.HighestPriority-tokensem.LowestPriority) + 1
+
+// natsClass is the pull priority of class p: the highest class is 0.
+func natsClass(p tokensem.Priority) int { return int(tokensem.HighestPriority - p) }
+
+// pullBodies are the bodies of a Semaphore's pull requests: plain ones
+// for a consumer that serves pulls in arrival order, and one of each kind
+// per class for one that serves them by class.
+type pullBodies struct {
+	wait, noWait               []byte
+	waitByClass, noWaitByClass [natsClasses][]byte
+}
+
+func newPullBodies(expires, heartbeat time.Duration) *pullBodies {
+	b := &pullBodies{
+		wait:   mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat}),
+		noWait: mustMarshal(pullRequest{Batch: 1, NoWait: true}),
+	}
+	for c := range natsClasses {
+		b.waitByClass[c] = mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat, Group: priorityGroup, Priority: c})
+		b.noWaitByClass[c] = mustMarshal(pullRequest{Batch: 1, NoWait: true, Group: priorityGroup, Priority: c})
+	}
+	return b
+}
+
+// body returns the body of a pull of class c (a natsClass) on a consumer
+// with priority group group ("" when it has none).
+func (b *pullBodies) body(group string, c int, noWait bool) []byte {
+	switch {
+	case group == "" && noWait:
+		return b.noWait
+	case group == "":
+		return b.wait
+	case noWait:
+		return b.noWaitByClass[c]
+	}
+	return b.waitByClass[c]
 }
 
 // getWaiter reuses an idle waiter (see idleWaiter), or subscribes a new
-// inbox. Only a call that waits (adopt) takes over a queued pull.
-func (s *Semaphore) getWaiter(adopt bool) (*waiter, error) {
-	if w := s.idleWaiter(adopt); w != nil {
+// inbox, for a call of class c (a natsClass). Only a call that waits
+// (adopt) takes over a queued pull.
+func (s *Semaphore) getWaiter(adopt bool, c int) (*waiter, error) {
+	if w := s.idleWaiter(adopt, c); w != nil {
 		return w, nil
 	}
-	w := &waiter{s: s, inbox: s.nc.NewInbox(), ch: make(chan *nats.Msg, 8)}
+	w := &waiter{s: s, inbox: s.nc.NewInbox(), ch: make(chan *nats.Msg, 8), class: c}
 	sub, err := s.nc.Subscribe(w.inbox, w.deliver)
 	if err != nil {
 		return nil, wrapBrokerErr(err)
@@ -87,13 +135,14 @@ func (s *Semaphore) getWaiter(adopt bool) (*waiter, error) {
 	return w, nil
 }
 
-// idleWaiter takes an idle waiter and marks it in use: when adopt is set,
-// first the one that has lingered longest with a pull still queued (the
-// call takes its place), else the most recently used one with none. A
+// idleWaiter takes an idle waiter and marks it in use for class c: when
+// adopt is set, first the one of class c that has lingered longest with a
+// pull still queued (the call takes its place), else the most recently
+// used one with none. A
 // counted pull that has gone silent (see silence) or that a reconnection
 // may have cost is taken as lost: the waiter counts as having none (a
 // token that still comes is claimed or handed back).
-func (s *Semaphore) idleWaiter(adopt bool) *waiter {
+func (s *Semaphore) idleWaiter(adopt bool, c int) *waiter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -108,9 +157,10 @@ func (s *Semaphore) idleWaiter(adopt bool) *waiter {
 			w.pulls = 0
 		}
 		queued := w.pulls > 0
+		class := w.class
 		w.mu.Unlock()
 		switch {
-		case queued && !adopt:
+		case queued && (!adopt || class != c):
 		case queued && !pickQueued:
 			pick, pickQueued = i, true
 		case !queued && !pickQueued:
@@ -124,6 +174,7 @@ func (s *Semaphore) idleWaiter(adopt bool) *waiter {
 	s.idle = append(s.idle[:pick], s.idle[pick+1:]...)
 	w.mu.Lock()
 	w.abandoned = false
+	w.class = c // a waiter with a pull queued has it already
 	w.mu.Unlock()
 	return w
 }
@@ -209,10 +260,7 @@ func (w *waiter) deliver(m *nats.Msg) {
 // expiry and is kept alive by idle heartbeats; a no-wait pull is answered at
 // once with a token or a 404.
 func (w *waiter) pull(noWait bool) error {
-	b := w.s.waitPull
-	if noWait {
-		b = noWaitPull
-	}
+	b := w.s.pulls.body(w.s.config().PriorityGroup, w.class, noWait)
 	// Counted first: the answer may arrive before PublishRequest returns.
 	w.mu.Lock()
 	w.pulls++

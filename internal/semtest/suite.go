@@ -30,6 +30,7 @@ func Run(t *testing.T, b Backend) {
 		{"TryAcquire", testTryAcquire},
 		{"AtMostNUnderContention", testAtMostN},
 		{"FIFO", testFIFO},
+		{"PriorityClasses", testPriority},
 		{"CancelStrandsNothing", testCancelStrandsNothing},
 		{"CancelRaceStrandsNothing", testCancelRace},
 		{"DoubleRelease", testDoubleRelease},
@@ -396,33 +397,7 @@ func testFIFO(t *testing.T, b Backend) {
 	name := uniqueName(t)
 	s := mustInit(t, b, name, 1, Options{})
 	holder := mustAcquire(t, s, 5*time.Second)
-	reissued := newReissues()
-	var (
-		mu    sync.Mutex
-		order []int
-		wg    sync.WaitGroup
-	)
-	for i := range waiters {
-		c := mustOpen(t, b, b.Addr, name, Options{Logger: slog.New(reissued)})
-		wg.Go(func() {
-			p, err := c.Acquire(Context(t, 30*time.Second))
-			if err != nil {
-				t.Errorf("waiter %d: %v", i, err)
-				return
-			}
-			mu.Lock()
-			order = append(order, i)
-			mu.Unlock()
-			if err := p.Release(t.Context()); err != nil {
-				t.Errorf("waiter %d release: %v", i, err)
-			}
-		})
-		eventually(t, 10*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool {
-			return status(t, s).Waiting >= i+1
-		})
-	}
-	mustRelease(t, holder)
-	wg.Wait()
+	order, reissued := serveQueued(t, b, name, s, holder, make([]tokensem.Priority, waiters))
 	if n, why := reissued.count(); n != 0 {
 		// A waiter that lost its place (a consumer's leader change ends
 		// every pull waiting on it) asks again at the back of the queue:
@@ -438,6 +413,47 @@ func testFIFO(t *testing.T, b Backend) {
 	if len(order) != waiters {
 		t.Fatalf("served %d of %d waiters", len(order), waiters)
 	}
+}
+
+// serveQueued queues one waiter per class in classes on semaphore name,
+// each on a handle of its own and each once the one before is counted
+// waiting, then releases holder and returns the order they were served
+// in (indices into classes), and the waits that were asked again meanwhile.
+// A waiter whose class the backend refuses (ErrPriorityUnsupported) is
+// left out.
+func serveQueued(t *testing.T, b Backend, name string, s tokensem.Semaphore, holder tokensem.Permit, classes []tokensem.Priority) ([]int, reissues) {
+	reissued := newReissues()
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i, class := range classes {
+		c := mustOpen(t, b, b.Addr, name, Options{Logger: slog.New(reissued)})
+		ctx := tokensem.WithPriority(Context(t, 30*time.Second), class)
+		wg.Go(func() {
+			p, err := c.Acquire(ctx)
+			if errors.Is(err, tokensem.ErrPriorityUnsupported) {
+				return
+			}
+			if err != nil {
+				t.Errorf("waiter %d (class %d): %v", i, class, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if err := p.Release(t.Context()); err != nil {
+				t.Errorf("waiter %d release: %v", i, err)
+			}
+		})
+		eventually(t, 10*time.Second, fmt.Sprintf("waiter %d queued", i), func() bool {
+			return status(t, s).Waiting >= i+1
+		})
+	}
+	mustRelease(t, holder)
+	wg.Wait()
+	return order, reissued
 }
 
 // testCancelStrandsNothing: callers that time out or are cancelled while
