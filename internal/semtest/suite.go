@@ -419,8 +419,6 @@ func testFIFO(t *testing.T, b Backend) {
 // each on a handle of its own and each once the one before is counted
 // waiting, then releases holder and returns the order they were served
 // in (indices into classes), and the waits that were asked again meanwhile.
-// A waiter whose class the backend refuses (ErrPriorityUnsupported) is
-// left out.
 func serveQueued(t *testing.T, b Backend, name string, s tokensem.Semaphore, holder tokensem.Permit, classes []tokensem.Priority) ([]int, reissues) {
 	reissued := newReissues()
 	var (
@@ -433,9 +431,6 @@ func serveQueued(t *testing.T, b Backend, name string, s tokensem.Semaphore, hol
 		ctx := tokensem.WithPriority(Context(t, 30*time.Second), class)
 		wg.Go(func() {
 			p, err := c.Acquire(ctx)
-			if errors.Is(err, tokensem.ErrPriorityUnsupported) {
-				return
-			}
 			if err != nil {
 				t.Errorf("waiter %d (class %d): %v", i, class, err)
 				return
