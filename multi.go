@@ -16,8 +16,10 @@ import (
 // returns holding part of them, and when ctx ends every permit it had
 // gathered is handed on at once. Callers of more than one permit take turns
 // (a one-permit gate semaphore beside the semaphore serializes them, served
-// first come first served), and a gatherer's requests queue with the
-// single-permit waiters in arrival order, so two weighted callers never
+// by class and first come first served within one, see WithPriority), and
+// a gatherer's requests queue with the single-permit waiters in arrival
+// order (in its class, never below the default one), so two weighted
+// callers never
 // deadlock each sitting on part of what the other needs, and a caller of k
 // = N permits among a stream of single-permit callers gets its permits
 // once the callers queued before it have had theirs. k = 1 is Acquire.

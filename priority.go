@@ -2,7 +2,8 @@ package tokensem
 
 import (
 	"context"
-	"fmt"
+
+	"github.com/tokensem/tokensem/internal/ctxclass"
 )
 
 // Priority is the class a caller waits in for a permit. When a permit
@@ -23,23 +24,14 @@ const (
 	HighestPriority Priority = 5
 )
 
-type priorityKey struct{}
-
 // WithPriority returns a copy of ctx under which a wait for a permit
 // (Acquire, AcquireN, AcquireAll, Do, and what calls them) waits in class
-// p. A class outside [LowestPriority, HighestPriority] makes those calls
-// fail with ErrInvalidOption; a backend that cannot serve classes refuses
-// any class but 0 with ErrPriorityUnsupported.
+// p. The class is inherited by everything ctx is passed to: Do's fn, and
+// every acquire made under it, on any semaphore. A class outside
+// [LowestPriority, HighestPriority] makes those waits fail with
+// ErrInvalidOption; a backend that cannot serve classes refuses a wait in
+// any class but 0 with ErrPriorityUnsupported. TryAcquire does not wait,
+// and takes a free permit whatever the class.
 func WithPriority(ctx context.Context, p Priority) context.Context {
-	return context.WithValue(ctx, priorityKey{}, p)
-}
-
-// PriorityOf returns the class ctx asks for (0 when none), or an error
-// wrapping ErrInvalidOption for a class out of range. Backends call it.
-func PriorityOf(ctx context.Context) (Priority, error) {
-	p, _ := ctx.Value(priorityKey{}).(Priority)
-	if p < LowestPriority || p > HighestPriority {
-		return 0, fmt.Errorf("%w: priority %d is outside [%d, %d]", ErrInvalidOption, p, LowestPriority, HighestPriority)
-	}
-	return p, nil
+	return ctxclass.With(ctx, int(p))
 }

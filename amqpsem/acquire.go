@@ -27,8 +27,9 @@ import (
 // way to it. A broker that fails a request for a while (a node lost, a
 // queue electing a leader) is waited out until ctx ends.
 //
-// Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrNotInitialized (the
-// token queue is gone), or a broker error that waiting cannot cure.
+// Errors: ctx.Err(), tokensem.ErrClosed, tokensem.ErrInvalidOption (a
+// class out of range), tokensem.ErrNotInitialized (the token queue is
+// gone), or a broker error that waiting cannot cure.
 func (s *Semaphore) Acquire(ctx context.Context) (tokensem.Permit, error) {
 	return semopts.Acquire(ctx, s.opts.Observer, s.name, s.Permits, false, s.take)
 }
@@ -62,7 +63,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	prio, err := tokensem.PriorityOf(ctx)
+	prio, err := driver.PriorityOf(ctx)
 	if err != nil {
 		return nil, err
 	}

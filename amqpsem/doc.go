@@ -8,7 +8,8 @@
 // idempotently and Open binds to one.
 //
 // Acquire consumes the token queue with prefetch 1, so the broker pushes
-// a returned token to the longest-waiting caller. The waiter claims the
+// a returned token to the longest-waiting caller of the highest class
+// waiting (tokensem.WithPriority; the consumer's priority). The waiter claims the
 // token's slot with an exclusive consumer on the slot's claim queue (the
 // broker refuses a second one, so a duplicated token never admits two
 // holders) and holds the delivery unacked. A holder keeps its permit

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/semopts"
 )
@@ -61,13 +62,20 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	if s.isClosed() {
 		return nil, tokensem.ErrClosed
 	}
-	prio, err := tokensem.PriorityOf(ctx)
+	prio, err := driver.PriorityOf(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if prio != 0 && !noWait && s.config().PriorityGroup == "" {
-		return nil, fmt.Errorf("%w: the token consumer of %s serves waiters in arrival order only (nats-server 2.12 or later orders them by class, for semaphores created there)",
-			tokensem.ErrPriorityUnsupported, s.name)
+		// The cached configuration may be of an earlier life: read it again.
+		cfg, err := s.refreshConfig(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.PriorityGroup == "" {
+			return nil, fmt.Errorf("%w: the token consumer of %s serves waiters in arrival order only (nats-server 2.12 or later orders them by class, for semaphores created there)",
+				tokensem.ErrPriorityUnsupported, s.name)
+		}
 	}
 	if !noWait {
 		if n := s.waiting.Add(1); n > int64(s.opts.maxLocal) {
@@ -82,7 +90,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 	// the broker drops what it refuses without an answer.
 	ctx, stop := s.rights.guard(ctx, s, 0)
 	defer stop()
-	w, err := s.getWaiter(!noWait, natsClass(prio))
+	w, err := s.getWaiter(!noWait, natsPriority(prio))
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +143,8 @@ type acquisition struct {
 	unanswered time.Time
 	// tries counts a TryAcquire's unusable deliveries and 408s.
 	tries int
+	// refreshed says a 400 made the call read the configuration again.
+	refreshed bool
 }
 
 // ask sends a pull, or adopts the one already queued, and sets the timer
@@ -235,6 +245,19 @@ func (a *acquisition) answer(ctx context.Context, m *nats.Msg) (p *Permit, waitO
 		return nil, false, backoff.Sleep(ctx, 10*time.Millisecond)
 	case "503":
 		return nil, false, a.unanswer(ctx)
+	case "400":
+		// The consumer refused the pull's form: one of another life may
+		// serve classes where the cached configuration says it does not
+		// (or the other way round). Read the configuration again and ask
+		// once more; a second refusal is an error.
+		if !a.refreshed {
+			a.refreshed = true
+			if _, err := s.refreshConfig(ctx); err != nil {
+				return nil, false, err
+			}
+			return nil, false, nil
+		}
+		return nil, false, wrapBrokerErr(fmt.Errorf("pull answered %s %s", code, desc))
 	default:
 		return nil, false, wrapBrokerErr(fmt.Errorf("pull answered %s %s", code, desc))
 	}

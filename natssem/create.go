@@ -203,9 +203,12 @@ const MaxGroupKeys = 1_000_000
 // answers it again with "409 Leadership Change", which would end a
 // re-issued pull's count while that pull is queued.
 func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) (string, error) {
-	stream, err := s.js.Stream(ctx, s.lay.stream)
-	if err != nil {
-		return "", wrapBrokerErr(err)
+	stream := s.stream // set by createResources
+	if stream == nil {
+		var err error
+		if stream, err = s.js.Stream(ctx, s.lay.stream); err != nil {
+			return "", wrapBrokerErr(err)
+		}
 	}
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.lay.consumer,

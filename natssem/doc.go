@@ -6,8 +6,9 @@
 // configuration, a lease record per slot and the admin lock. Init creates
 // them idempotently; Open binds to them.
 //
-// Acquire queues one pull request at the server, which serves waiters in
-// the order they asked. A delivered token becomes a permit only by a
+// Acquire queues one pull request at the server, which serves waiters by
+// class (tokensem.WithPriority; the pull's priority, nats-server 2.12 and
+// later) and in the order they asked within one. A delivered token becomes a permit only by a
 // compare-and-set of its slot's record, whose revision is the permit's
 // fence. A holder renews the record every lease/3 and gives the permit up
 // (Done closes) at lease − lease/5 after its last landed renewal, before

@@ -45,7 +45,7 @@ func testContext(t *testing.T) context.Context {
 // deliver pulls one token of s without claiming it.
 func deliver(t *testing.T, s *Semaphore) (*nats.Msg, delivery) {
 	t.Helper()
-	w, err := s.getWaiter(false, natsClass(0))
+	w, err := s.getWaiter(false, natsPriority(0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 // A waiter is one Acquire call's place in the consumer's queue of pull
-// requests, which the server serves strictly FIFO. It owns an inbox
+// requests, which the server serves by class, strictly FIFO within one. It owns an inbox
 // subscription; every token delivered to the inbox that the call does not
 // claim (it gave up, or a second pull raced the first) is handed straight
 // back with a Nak, so an abandoned call never strands a token.
@@ -42,7 +42,7 @@ type waiter struct {
 
 	mu        sync.Mutex
 	abandoned bool
-	// class is the natsClass the waiter pulls in: a queued pull keeps the
+	// class is the natsPriority the waiter pulls in: a queued pull keeps the
 	// class it was sent with, and only a call of that class adopts it.
 	class int
 	// pulls counts pull requests that may still be pending at the server:
@@ -78,18 +78,18 @@ type pullRequest struct {
 	Priority int    `json:"priority,omitempty"`
 }
 
-// natsClasses is how many classes a prioritized consumer orders.
-const natsClasses = int(tokensem.HighestPriority-tokensem.LowestPriority) + 1
+// natsPriorityes is how many classes a prioritized consumer orders.
+const natsPriorityes = int(tokensem.HighestPriority-tokensem.LowestPriority) + 1
 
-// natsClass is the pull priority of class p: the highest class is 0.
-func natsClass(p tokensem.Priority) int { return int(tokensem.HighestPriority - p) }
+// natsPriority is the pull priority of class p: the highest class is 0.
+func natsPriority(p tokensem.Priority) int { return int(tokensem.HighestPriority - p) }
 
 // pullBodies are the bodies of a Semaphore's pull requests: plain ones
 // for a consumer that serves pulls in arrival order, and one of each kind
 // per class for one that serves them by class.
 type pullBodies struct {
 	wait, noWait               []byte
-	waitByClass, noWaitByClass [natsClasses][]byte
+	waitByClass, noWaitByClass [natsPriorityes][]byte
 }
 
 func newPullBodies(expires, heartbeat time.Duration) *pullBodies {
@@ -97,14 +97,14 @@ func newPullBodies(expires, heartbeat time.Duration) *pullBodies {
 		wait:   mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat}),
 		noWait: mustMarshal(pullRequest{Batch: 1, NoWait: true}),
 	}
-	for c := range natsClasses {
+	for c := range natsPriorityes {
 		b.waitByClass[c] = mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat, Group: priorityGroup, Priority: c})
 		b.noWaitByClass[c] = mustMarshal(pullRequest{Batch: 1, NoWait: true, Group: priorityGroup, Priority: c})
 	}
 	return b
 }
 
-// body returns the body of a pull of class c (a natsClass) on a consumer
+// body returns the body of a pull of class c (a natsPriority) on a consumer
 // with priority group group ("" when it has none).
 func (b *pullBodies) body(group string, c int, noWait bool) []byte {
 	switch {
@@ -119,7 +119,7 @@ func (b *pullBodies) body(group string, c int, noWait bool) []byte {
 }
 
 // getWaiter reuses an idle waiter (see idleWaiter), or subscribes a new
-// inbox, for a call of class c (a natsClass). Only a call that waits
+// inbox, for a call of class c (a natsPriority). Only a call that waits
 // (adopt) takes over a queued pull.
 func (s *Semaphore) getWaiter(adopt bool, c int) (*waiter, error) {
 	if w := s.idleWaiter(adopt, c); w != nil {
@@ -290,13 +290,14 @@ func (w *waiter) endedLocked(m *nats.Msg) {
 }
 
 // endsPull reports whether m is the server's last word on a one-token
-// pull: the token itself, or a status that ends the pull (no token 404,
-// expired 408, ended by the server 409, nobody to answer it 503).
+// pull: the token itself, or a status that ends the pull (refused 400, no
+// token 404, expired 408, ended by the server 409, nobody to answer it
+// 503).
 func endsPull(m *nats.Msg) bool {
 	switch code, _ := status(m); code {
 	case "":
 		return isDelivery(m)
-	case "404", "408", "409", "503":
+	case "400", "404", "408", "409", "503":
 		return true
 	}
 	return false

@@ -52,6 +52,7 @@ func Run(t *testing.T, b Backend) {
 		{"WeightedMixed", testWeightedMixed},
 		{"WeightedNoDeadlock", testWeightedNoDeadlock},
 		{"WeightedNoStarvation", testWeightedNoStarvation},
+		{"WeightedLowClass", testWeightedLowClass},
 		{"WeightedLoss", testWeightedLoss},
 		{"WeightedGateRepaired", testWeightedGateRepaired},
 		{"WeightedAfterDelete", testWeightedAfterDelete},

@@ -273,7 +273,19 @@ func testWeightedNoDeadlock(t *testing.T, b Backend) {
 
 // testWeightedNoStarvation: a caller of all N permits among a stream of
 // single-permit callers gets them, while the stream goes on.
-func testWeightedNoStarvation(t *testing.T, b Backend) {
+func testWeightedNoStarvation(t *testing.T, b Backend) { weightedAmongSingles(t, b, 0) }
+
+// testWeightedLowClass is testWeightedNoStarvation with the caller of all
+// the permits in class -2 among single callers of the default class: once
+// through the gate it gathers in the default class, not below, so it is
+// served as before instead of sitting on what it gathered while the
+// singles take every permit freed.
+func testWeightedLowClass(t *testing.T, b Backend) { weightedAmongSingles(t, b, -2) }
+
+// weightedAmongSingles: a caller of all n permits, waiting in class,
+// among single callers of the default class that keep the semaphore busy,
+// is served, twice, and the weight inside never exceeds n.
+func weightedAmongSingles(t *testing.T, b Backend, class tokensem.Priority) {
 	const n, singles = 3, 6
 	name := uniqueName(t)
 	mustInit(t, b, name, n, Options{})
@@ -314,7 +326,7 @@ func testWeightedNoStarvation(t *testing.T, b Backend) {
 	w := weightedOf(t, mustOpen(t, b, b.Addr, name, Options{}))
 	for round := range 2 {
 		before := served.Load()
-		set, err := w.AcquireN(Context(t, 60*time.Second), n)
+		set, err := w.AcquireN(tokensem.WithPriority(Context(t, 60*time.Second), class), n)
 		if err != nil {
 			t.Fatalf("round %d: AcquireN(%d) among %d single callers: %v", round, n, singles, err)
 		}

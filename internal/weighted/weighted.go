@@ -5,8 +5,9 @@
 // Gatherers take turns through a gate: a semaphore of one permit beside the
 // semaphore, named driver.GateName(name), created on first use with the same lease
 // and key. The holder of the gate issues its k acquires at once; they queue
-// with the single-permit waiters in arrival order, so it holds all k once
-// the waiters queued before it have been served. No two gatherers ever hold
+// with the single-permit waiters in arrival order (by class first: see
+// gather), so it holds all k once the waiters queued before it have been
+// served. No two gatherers ever hold
 // part of the permits at the same time, so none can deadlock another: a
 // single-permit caller never holds while it waits, and only the gate's
 // holder does. A gatherer whose gate permit is lost (its process froze past
@@ -189,7 +190,17 @@ type result struct {
 
 // gather issues k acquires at once and waits for all of them, holding the
 // gate permit g. On any failure it hands back whatever it got.
+//
+// The acquires wait in the caller's class, but never below the default
+// one (see tokensem.WithPriority): a gatherer holds what it has gathered
+// while it waits for the rest, and a low-class gatherer among a steady
+// stream of default-class callers would otherwise sit on all but one
+// permit for as long as that stream lasts. Callers above the default class
+// still go first; the caller waited for the gate in its own class.
 func (h Host[T]) gather(ctx context.Context, g tokensem.Permit, k int) ([]tokensem.Permit, error) {
+	if p, err := driver.PriorityOf(ctx); err == nil && p < 0 {
+		ctx = tokensem.WithPriority(ctx, 0)
+	}
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	results := make(chan result, k)
