@@ -91,8 +91,8 @@ func (c chance) draw() time.Duration {
 	return c.lo + rand.N(c.hi-c.lo+1)
 }
 
-// RunWorker acquires, holds for a few milliseconds and releases, over and
-// over, reporting every step to the meter, until SIGTERM. When its
+// RunWorker acquires (in a class of its own: see class below), holds for
+// a few milliseconds and releases, over and over, reporting every step to the meter, until SIGTERM. When its
 // semaphore is gone (deleted: ErrNotInitialized), it opens the name again,
 // waiting for the next Init. It returns the process exit code.
 func RunWorker() int {
@@ -138,12 +138,15 @@ func RunWorker() int {
 		return 1
 	}
 	defer func() { closeSem() }()
+	// Workers wait in three classes (-1, 0, 1 by id): safety must not
+	// depend on every waiter being of one class.
+	class := tokensem.Priority(id%3 - 1)
 	woke := false // the last rest was one the meter asked for
 	for ctx.Err() == nil {
 		if q.rest(ctx) {
 			woke = true
 		}
-		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		actx, cancel := context.WithTimeout(tokensem.WithPriority(ctx, class), 20*time.Second)
 		stop := q.cancelOnQuiet(cancel)
 		call := time.Now().UnixNano()
 		p, err := sem.Acquire(actx)

@@ -44,8 +44,12 @@ func (g *Gate) Wrap(next http.Handler) http.Handler {
 			g.opts.onError(w, r, err)
 			return
 		}
+		ctx := r.Context()
+		if g.opts.priority != nil {
+			ctx = tokensem.WithPriority(ctx, g.opts.priority(r))
+		}
 		ran := false
-		err = tokensem.Do(r.Context(), sem, func(ctx context.Context) error {
+		err = tokensem.Do(ctx, sem, func(ctx context.Context) error {
 			ran = true
 			next.ServeHTTP(w, r.WithContext(ctx))
 			return nil

@@ -401,3 +401,59 @@ func TestGateByKeySlowOpen(t *testing.T) {
 		t.Fatalf("first request of a new tenant: %+v, want 200", res)
 	}
 }
+
+// TestGatePriority: with the only permit held, a request of class -2
+// waits, then one of class 3 (the class read from a header by
+// WithPriority); on release the class-3 request is admitted first.
+func TestGatePriority(t *testing.T) {
+	sem := newSem(t, connect(t), 1)
+	gate, err := httpsem.New(httpsem.Fixed(sem), httpsem.WithWait(30*time.Second),
+		httpsem.WithPriority(func(r *http.Request) tokensem.Priority {
+			n, _ := strconv.Atoi(r.Header.Get("X-Class"))
+			return tokensem.Priority(n)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := httpsem.New(httpsem.Fixed(sem), httpsem.WithPriority(nil)); !errors.Is(err, tokensem.ErrInvalidOption) {
+		t.Fatalf("WithPriority(nil): err = %v, want ErrInvalidOption", err)
+	}
+	admitted := make(chan string, 2)
+	ts, client := serve(t, gate.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		admitted <- r.Header.Get("X-Class")
+	})))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	held, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := make(chan result, 2)
+	for i, class := range []string{"-2", "3"} {
+		go func() { results <- get(client, ts.URL, "X-Class", class) }()
+		for {
+			st, err := sem.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Waiting >= i+1 {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("request of class %s never waited", class)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if res := <-results; res.err != nil || res.code != http.StatusOK {
+			t.Fatalf("request: %+v", res)
+		}
+	}
+	if first, second := <-admitted, <-admitted; first != "3" || second != "-2" {
+		t.Fatalf("admitted classes %s then %s, want 3 then -2", first, second)
+	}
+}

@@ -26,6 +26,7 @@ type options struct {
 	reject     http.Handler
 	onError    func(w http.ResponseWriter, r *http.Request, err error)
 	log        *slog.Logger
+	priority   func(r *http.Request) tokensem.Priority
 }
 
 // Option configures New. An invalid value makes New return an error
@@ -105,6 +106,22 @@ func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error))
 			return fmt.Errorf("%w: nil error handler", tokensem.ErrInvalidOption)
 		}
 		o.onError = f
+		return nil
+	}
+}
+
+// WithPriority sets the class each request waits in (see
+// tokensem.WithPriority): the one class returns for it, so that, say,
+// checkout requests are admitted before batch exports when both wait.
+// Without it a request waits in the class its context carries (0 unless a
+// handler before the gate set one). A class out of range fails the
+// request as an error (see WithErrorHandler).
+func WithPriority(class func(r *http.Request) tokensem.Priority) Option {
+	return func(o *options) error {
+		if class == nil {
+			return fmt.Errorf("%w: nil priority function", tokensem.ErrInvalidOption)
+		}
+		o.priority = class
 		return nil
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -753,5 +754,45 @@ func TestExecPermitLost(t *testing.T) {
 	_, st := nats.statusJSON(t, name)
 	if !st.Healthy || st.Held != 0 || st.Available != 1 {
 		t.Errorf("status after the takeover = %+v", st)
+	}
+}
+
+// TestExecPriority: with the only permit held, an exec of class -2 queues,
+// then one of class 3; on release the class-3 command runs first. A class
+// out of range is a usage error.
+func TestExecPriority(t *testing.T) { forEachBroker(t, testExecPriority) }
+
+func testExecPriority(t *testing.T, b broker) {
+	name := uniqueName(t)
+	b.mustInit(t, name, 1)
+	if r := b.seminit(t, "exec", "--name", name, "--priority", "6", "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--priority 6") {
+		t.Fatalf("exec --priority 6: %v, want exit %d naming the flag", r, exitUsage)
+	}
+	holder, pid := b.holder(t, name, 60)
+	order := filepath.Join(t.TempDir(), "order")
+	var waiters []*proc
+	for i, class := range []string{"-2", "3"} {
+		script := "echo " + class + " >> " + order
+		waiters = append(waiters, startSeminit(t, b.env(), "exec", "--name", name, "--priority", class, "--wait", "30s", "--", "sh", "-c", script))
+		eventually(t, 20*time.Second, "exec --priority "+class+" waiting", func() bool {
+			_, st := b.statusJSON(t, name)
+			return st.Waiting >= i+1
+		})
+	}
+	_ = syscall.Kill(-pid, syscall.SIGKILL) // the command dies: seminit releases and exits
+	if r := holder.wait(20 * time.Second); r.code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("holder after its command was killed: %v", r)
+	}
+	for _, w := range waiters {
+		if r := w.wait(30 * time.Second); r.code != exitOK {
+			t.Fatalf("waiter: %v", r)
+		}
+	}
+	got, err := os.ReadFile(order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "3\n-2\n" {
+		t.Fatalf("commands ran in the order %q, want class 3 first, then -2", got)
 	}
 }

@@ -28,6 +28,7 @@ func runExec(ctx context.Context, e env, args []string) error {
 	var names nameList
 	fs.Var(&names, "name", "semaphore name; give it more than once to hold one permit of each (taken in one order, whatever order they are given in)")
 	weight := fs.Int("weight", 1, "hold K permits of the semaphore at once, all or nothing")
+	priority := fs.Int("priority", 0, fmt.Sprintf("wait in class P (%d to %d): a freed permit goes to the highest class waiting, in arrival order within one", tokensem.LowestPriority, tokensem.HighestPriority))
 	wait := fs.Duration("wait", 0, "give up (exit 75) if no permit comes within DUR; 0 tries once, as flock -w 0 (default: wait indefinitely)")
 	hold := fs.Duration("max-hold", 0, "hold the permit at most DUR: then stop the command and exit 124 (default: no limit)")
 	lease := fs.Duration("lease", 0, "the lease you expect; the semaphore's stored lease (set by init) governs, and a different value is reported")
@@ -69,6 +70,10 @@ func runExec(ctx context.Context, e env, args []string) error {
 	if isSet(fs, "lease") && *lease == 0 {
 		return usageErr{errors.New("--lease 0: want a positive duration (leave --lease out to take the semaphore's)")}
 	}
+	if p := tokensem.Priority(*priority); p < tokensem.LowestPriority || p > tokensem.HighestPriority {
+		return usageErr{fmt.Errorf("--priority %d: want a class from %d (lowest) to %d (highest); 0 is the default", p, tokensem.LowestPriority, tokensem.HighestPriority)}
+	}
+	ctx = tokensem.WithPriority(ctx, tokensem.Priority(*priority))
 	if *conflict < 0 || *conflict > 255 {
 		return usageErr{fmt.Errorf("--conflict-exit-code %d is not an exit code (0..255)", *conflict)}
 	}

@@ -24,7 +24,7 @@ const (
 	exitUnavailable = 69 // EX_UNAVAILABLE: broker unreachable
 	exitNoPermit    = 75 // EX_TEMPFAIL: no permit within --wait; delete refused while a permit is held
 	exitNoAuth      = 77 // EX_NOPERM: the broker refused the credentials or an operation
-	exitConfig      = 78 // EX_CONFIG: not initialized, permit-count, lease or key mismatch, invalid stored configuration, a configuration the broker refuses
+	exitConfig      = 78 // EX_CONFIG: not initialized, permit-count, lease or key mismatch, invalid stored configuration, a configuration the broker refuses, a priority class it cannot serve
 	exitHoldLimit   = 124
 )
 
@@ -105,7 +105,8 @@ func exitCode(err error) int {
 		return exitUnavailable
 	case errors.Is(err, tokensem.ErrNotInitialized), errors.Is(err, tokensem.ErrPermitMismatch),
 		errors.Is(err, tokensem.ErrLeaseMismatch), errors.Is(err, tokensem.ErrKeyMismatch),
-		errors.Is(err, tokensem.ErrInvalidRecord), errors.Is(err, tokensem.ErrRefused):
+		errors.Is(err, tokensem.ErrInvalidRecord), errors.Is(err, tokensem.ErrRefused),
+		errors.Is(err, tokensem.ErrPriorityUnsupported):
 		return exitConfig
 	case errors.Is(err, tokensem.ErrUnavailable):
 		return exitUnavailable
