@@ -49,6 +49,8 @@ type config struct {
 	redisBin        string
 	workers         int
 	weightedWorkers int
+	priorityWorkers int
+	priorityEvery   time.Duration
 	permits         int
 	hold            time.Duration
 	duration        time.Duration
@@ -65,7 +67,7 @@ type config struct {
 }
 
 var allSystems = []string{"natssem", "amqpsem", "redis", "redis-fast"}
-var allScenarios = []string{"cycle", "contention", "weighted", "handoff", "sems", "waiters", "bign"}
+var allScenarios = []string{"cycle", "contention", "weighted", "priority", "handoff", "sems", "waiters", "bign"}
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -74,7 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	systems := fs.String("systems", strings.Join(allSystems, ","),
 		"systems to run, comma-separated: natssem (with the raw core-NATS round trip), amqpsem, redis (retry 50–200 ms), redis-fast (retry 1–5 ms)")
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","),
-		"scenarios to run, comma-separated: cycle, contention, weighted (mixed weights 1-3, tokensem only), handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
+		"scenarios to run, comma-separated: cycle, contention, weighted (mixed weights 1-3, tokensem only), priority (classes, and FIFO beside), handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
 	fs.StringVar(&c.out, "out", "", "directory to write bench.md and handoff.svg to (default: print the markdown only)")
 	fs.BoolVar(&c.quick, "quick", false, "short runs (fewer samples, 3 s of contention): the whole run takes a few minutes")
 	fs.StringVar(&c.amqpURL, "amqp-url", cmp.Or(os.Getenv("RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (default $RABBITMQ_URL)")
@@ -84,6 +86,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH)")
 	fs.IntVar(&c.workers, "workers", 32, "contention: workers, each on a connection of its own")
 	fs.IntVar(&c.weightedWorkers, "weighted-workers", 12, "weighted: workers of weights 1, 2 and 3 in turn (weight 3 needs -permits of at least 3)")
+	fs.IntVar(&c.priorityWorkers, "priority-workers", 16, "priority: low-class workers keeping the permits busy")
+	fs.DurationVar(&c.priorityEvery, "priority-every", 20*time.Millisecond, "priority: how often a high-class caller arrives")
 	fs.IntVar(&c.permits, "permits", 4, "contention and waiters: permits N")
 	fs.DurationVar(&c.hold, "hold", time.Millisecond, "contention and waiters: how long each acquisition holds")
 	fs.DurationVar(&c.duration, "duration", 0, "contention: how long to run (default 10s, 3s with -quick)")
@@ -121,7 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if c.natsCluster && c.natsURL != "" {
 		return nil, errors.New("-nats-cluster starts a cluster of its own: it cannot go with -nats-url")
 	}
-	if c.workers < 1 || c.weightedWorkers < 1 || c.permits < 1 || c.hold <= 0 || c.duration <= 0 || c.sems < 1 || c.waiters < 1 || c.bigN < 1 ||
+	if c.workers < 1 || c.weightedWorkers < 1 || c.priorityWorkers < 1 || c.priorityEvery <= 0 || c.permits < 1 || c.hold <= 0 || c.duration <= 0 || c.sems < 1 || c.waiters < 1 || c.bigN < 1 ||
 		c.amqpSems < 1 || c.amqpWaits < 1 {
 		return nil, errors.New("-workers, -weighted-workers, -permits, -hold, -duration, -sems, -waiters and -bign must be positive")
 	}
@@ -451,6 +455,26 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			res.Weighted = r
 			logf("%s weighted: %.0f permits/s (%.0f%% of %.0f/s), most weight inside %d of %d; machine CPU %.0f%% busy",
 				key, r.Units, r.Percent(), r.Ceiling, r.Peak, r.N, 100*r.CPU.MachineBusy)
+		}
+	}
+	if cfg.has("priority") {
+		runs := []bool{false} // FIFO, for every system
+		if res.Tokensem {
+			runs = append(runs, true)
+		}
+		for _, classes := range runs {
+			r, err := runPriority(ctx, sys, name("priority"), cfg.priorityWorkers, cfg.permits, cfg.hold, cfg.priorityEvery, cfg.duration, classes, !cfg.sleepHold)
+			if err != nil {
+				fail("priority", err)
+				break
+			}
+			if classes {
+				res.Priority = r
+			} else {
+				res.PriorityFIFO = r
+			}
+			logf("%s priority (classes %v): caller wait p50 %s p99 %s (%d calls), workers' wait p50 %s p99 %s, %.0f/s, peak holders %d; machine CPU %.0f%% busy",
+				key, classes, fmtDur(r.High.P50), fmtDur(r.High.P99), r.HighAcquired, fmtDur(r.Low.P50), fmtDur(r.Low.P99), r.LowThroughput, r.Peak, 100*r.CPU.MachineBusy)
 		}
 	}
 	if cfg.has("handoff") {

@@ -73,6 +73,9 @@ type SystemResult struct {
 	Waiters       *WaitersResult
 	BigN          *BigNResult
 	Weighted      *WeightedResult
+	// Priority is the priority scenario with classes (tokensem only),
+	// PriorityFIFO the same traffic with every caller in class 0.
+	Priority, PriorityFIFO *PriorityResult
 }
 
 func (r *Report) system(key string) *SystemResult {
@@ -166,6 +169,7 @@ func WriteMarkdown(w io.Writer, r *Report, plot string) error {
 
 	writeCore(w, r)
 	writeWeighted(w, r)
+	writePriority(w, r)
 	writeScale(w, r)
 	switch {
 	case plot != "":
