@@ -411,12 +411,48 @@ func (s *Semaphore) withRegistry(ctx context.Context, exact bool, fn func([]regi
 	if err != nil {
 		return err
 	}
-	for _, e := range drop {
-		if err := ch.Ack(e.tag, false); err != nil {
-			return wrapBrokerErr("update the registry", err)
-		}
+	if err := s.ackEntries(ctx, ch, drop); err != nil {
+		return wrapBrokerErr("update the registry", err)
 	}
 	return nil // closing the channel puts the other entries back
+}
+
+// ackBatch is how many acks ackEntries sends before it waits for the
+// queue to apply them.
+const ackBatch = 16
+
+// ackEntries acknowledges (removes) the entries drop, ackBatch at a time.
+//
+// RabbitMQ 3.10's quorum-queue client in the channel sends at most 32
+// commands before the queue has applied them (quorum_commands_soft_limit)
+// and keeps the settlements beyond that to send later, when the queue
+// answers; a channel closed meanwhile drops them, and the queue puts those
+// entries back (rabbitmq-server issue 10327, open): a List that dropped 300
+// junk entries left up to 254 of them. A basic.get after each batch is
+// answered once the queue has applied everything sent before it, so no
+// settlement waits when the channel closes. An entry the get takes is put
+// back by the close. A get on a quorum queue electing a leader is answered
+// by closing the connection (541): only a List of many junk entries gets
+// there (List runs on an operator's Conn), never a Delete, which drops an
+// entry or two.
+func (s *Semaphore) ackEntries(ctx context.Context, ch *channel, drop []registered) error {
+	for i, e := range drop {
+		if i > 0 && i%ackBatch == 0 {
+			rctx, cancel := s.rtt(ctx)
+			err := s.c.rpc(rctx, ch, func() error {
+				_, _, err := ch.Get(registryQueue, false)
+				return err
+			}, nil)
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		if err := ch.Ack(e.tag, false); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // registryReader is the consumer tag of a registry read.
