@@ -13,10 +13,11 @@ import (
 )
 
 // A waiter is one Acquire call's place in the consumer's queue of pull
-// requests, which the server serves by class, strictly FIFO within one. It owns an inbox
-// subscription; every token delivered to the inbox that the call does not
-// claim (it gave up, or a second pull raced the first) is handed straight
-// back with a Nak, so an abandoned call never strands a token.
+// requests, which the server serves by class, strictly FIFO within one.
+// It owns an inbox subscription; every token delivered to the inbox that
+// the call does not claim (it gave up, or a second pull raced the first)
+// is handed straight back with a Nak, so an abandoned call never strands a
+// token.
 //
 // On a cluster, a call that gives up while its pull is still queued leaves
 // the waiter subscribed until that pull ends (a token it hands back, the
@@ -46,7 +47,7 @@ type waiter struct {
 	// class it was sent with, and only a call of that class adopts it.
 	class int
 	// pulls counts pull requests that may still be pending at the server:
-	// each pull adds one; a delivery, 404, 408, 409 or 503 ends one. A
+	// each pull adds one; a delivery, 400, 404, 408, 409 or 503 ends one. A
 	// waiter with none pending can be reused as is (no unsubscribe, no
 	// flush).
 	pulls int
@@ -78,8 +79,9 @@ type pullRequest struct {
 	Priority int    `json:"priority,omitempty"`
 }
 
-// natsPriorityes is how many classes a prioritized consumer orders.
-const natsPriorityes = int(tokensem.HighestPriority-tokensem.LowestPriority) + 1
+// natsLevels is how many pull priorities a prioritized consumer orders:
+// one per class.
+const natsLevels = int(tokensem.HighestPriority-tokensem.LowestPriority) + 1
 
 // natsPriority is the pull priority of class p: the highest class is 0.
 func natsPriority(p tokensem.Priority) int { return int(tokensem.HighestPriority - p) }
@@ -89,7 +91,7 @@ func natsPriority(p tokensem.Priority) int { return int(tokensem.HighestPriority
 // per class for one that serves them by class.
 type pullBodies struct {
 	wait, noWait               []byte
-	waitByClass, noWaitByClass [natsPriorityes][]byte
+	waitByClass, noWaitByClass [natsLevels][]byte
 }
 
 func newPullBodies(expires, heartbeat time.Duration) *pullBodies {
@@ -97,7 +99,7 @@ func newPullBodies(expires, heartbeat time.Duration) *pullBodies {
 		wait:   mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat}),
 		noWait: mustMarshal(pullRequest{Batch: 1, NoWait: true}),
 	}
-	for c := range natsPriorityes {
+	for c := range natsLevels {
 		b.waitByClass[c] = mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat, Group: priorityGroup, Priority: c})
 		b.noWaitByClass[c] = mustMarshal(pullRequest{Batch: 1, NoWait: true, Group: priorityGroup, Priority: c})
 	}
@@ -138,10 +140,9 @@ func (s *Semaphore) getWaiter(adopt bool, c int) (*waiter, error) {
 // idleWaiter takes an idle waiter and marks it in use for class c: when
 // adopt is set, first the one of class c that has lingered longest with a
 // pull still queued (the call takes its place), else the most recently
-// used one with none. A
-// counted pull that has gone silent (see silence) or that a reconnection
-// may have cost is taken as lost: the waiter counts as having none (a
-// token that still comes is claimed or handed back).
+// used one with none. A counted pull that has gone silent (see silence) or
+// that a reconnection may have cost is taken as lost: the waiter counts as
+// having none (a token that still comes is claimed or handed back).
 func (s *Semaphore) idleWaiter(adopt bool, c int) *waiter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
