@@ -196,8 +196,15 @@ func TestUncappedConfigQueue(t *testing.T) {
 		t.Errorf("open: %v, want ErrInvalidRecord", err)
 	}
 	// A quorum queue counts the returns of a message in its
-	// x-delivery-count: Open's read took it once.
-	d, got, err := rawChannel(t).Get("tokensem."+n+".cfg", false)
+	// x-delivery-count: Open's read took it once. Its close returns the
+	// message, which the queue takes back a moment later (20 MB: longer
+	// on a loaded machine).
+	ch := rawChannel(t)
+	d, got, err := ch.Get("tokensem."+n+".cfg", false)
+	for deadline := time.Now().Add(20 * time.Second); err == nil && !got && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		d, got, err = ch.Get("tokensem."+n+".cfg", false)
+	}
 	if err != nil || !got {
 		t.Fatalf("get the 20 MB message: %v, %v", got, err)
 	}
