@@ -96,7 +96,12 @@ func (s *Semaphore) nextScanned(ctx context.Context, msgs <-chan *nats.Msg) (*na
 		if s.nc.IsClosed() {
 			return nil, nats.ErrConnectionClosed
 		}
-		return nil, rctx.Err()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// The broker was silent for a request timeout: transient, so the
+		// callers that retry (Init, Status, Delete) ask again.
+		return nil, wrapBrokerErr(nats.ErrTimeout)
 	}
 }
 
