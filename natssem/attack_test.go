@@ -956,7 +956,7 @@ func attackLog(t *testing.T, who string) natssem.Option {
 // the other parallel tests.
 func TestAttackClusterChurn(t *testing.T) {
 	t.Parallel()
-	c, err := natstest.StartCluster(semtest.Context(t, time.Minute), 3, t.TempDir())
+	c, err := natstest.StartProcessCluster(semtest.Context(t, time.Minute), 3, t.TempDir())
 	if err != nil {
 		t.Fatalf("3-node cluster: %v", err)
 	}

@@ -34,7 +34,7 @@ func cluster(t testing.TB) *natstest.Cluster {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		clusterSrv, clusterErr = natstest.StartCluster(ctx, 3, clusterDir)
+		clusterSrv, clusterErr = natstest.StartProcessCluster(ctx, 3, clusterDir)
 	})
 	if clusterErr != nil {
 		t.Fatalf("3-node cluster: %v", clusterErr)
@@ -50,5 +50,6 @@ func TestMain(m *testing.M) {
 		if clusterDir != "" {
 			_ = os.RemoveAll(clusterDir)
 		}
+		natstest.RemoveBinaries()
 	}))
 }

@@ -1,7 +1,8 @@
-// Package natstest runs NATS JetStream clusters inside a test process: three
-// embedded servers on loopback, each with its own store, routed to each
-// other, so that library tests run against replicated (R3) streams and can
-// stop and restart a node.
+// Package natstest runs NATS JetStream clusters for tests: three servers on
+// loopback, each with its own store, routed to each other, so that library
+// tests run against replicated (R3) streams and can stop and restart a
+// node. The servers run inside the test process (StartCluster) or as
+// `seminit server` processes (StartProcessCluster).
 package natstest
 
 import (
@@ -30,12 +31,16 @@ type Cluster struct {
 	stores  []string
 	mu      sync.Mutex
 	servers []*embedded.Server // nil while a node is stopped
+	procs   []*node            // of a process cluster; nil while a node is stopped
 }
 
 // StartCluster starts an n-node cluster (n >= 3 for R3) with stores under
 // dir and waits until JetStream answers.
 func StartCluster(ctx context.Context, n int, dir string) (*Cluster, error) {
-	c := &Cluster{name: "tokensem-test", servers: make([]*embedded.Server, n)}
+	return startCluster(ctx, &Cluster{name: "tokensem-test", servers: make([]*embedded.Server, n)}, n, dir)
+}
+
+func startCluster(ctx context.Context, c *Cluster, n int, dir string) (*Cluster, error) {
 	var err error
 	if c.client, err = freeport.Addrs(n); err != nil {
 		return nil, err
@@ -84,6 +89,16 @@ func ServerName(i int) string { return "n" + strconv.Itoa(i) }
 
 // Stop shuts node i down (its store stays).
 func (c *Cluster) Stop(i int) {
+	if c.procs != nil {
+		c.mu.Lock()
+		p := c.procs[i]
+		c.procs[i] = nil
+		c.mu.Unlock()
+		if p != nil {
+			p.stop()
+		}
+		return
+	}
 	c.mu.Lock()
 	s := c.servers[i]
 	c.servers[i] = nil
@@ -99,12 +114,23 @@ func (c *Cluster) Restart(i int) error {
 	for _, a := range c.routes {
 		routes = append(routes, "nats-route://"+a)
 	}
+	if c.procs != nil {
+		p, err := startNode(c.client[i], c.stores[i], ServerName(i), c.name, c.routes[i], strings.Join(routes, ","))
+		if err != nil {
+			return fmt.Errorf("natstest: node %d: %w", i, err)
+		}
+		c.mu.Lock()
+		c.procs[i] = p
+		c.mu.Unlock()
+		return nil
+	}
 	host, port, err := splitHostPort(c.routes[i])
 	if err != nil {
 		return err
 	}
 	s, err := embedded.Start(embedded.Config{
 		Listen: c.client[i], StoreDir: c.stores[i], ServerName: ServerName(i), ReadyTimeout: 30 * time.Second,
+		Sync: embedded.SyncInterval, // as in nats-server's default; Stop shuts a node down cleanly
 		Options: func(o *server.Options) error {
 			o.Cluster = server.ClusterOpts{Name: c.name, Host: host, Port: port}
 			o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
@@ -122,7 +148,7 @@ func (c *Cluster) Restart(i int) error {
 
 // Shutdown stops every node.
 func (c *Cluster) Shutdown() {
-	for i := range c.servers {
+	for i := range c.client {
 		c.Stop(i)
 	}
 }
@@ -131,7 +157,7 @@ func (c *Cluster) Shutdown() {
 func (c *Cluster) WaitJetStream(ctx context.Context) error {
 	for i := range c.client {
 		c.mu.Lock()
-		up := c.servers[i] != nil
+		up := c.servers != nil && c.servers[i] != nil || c.procs != nil && c.procs[i] != nil
 		c.mu.Unlock()
 		if !up {
 			continue
