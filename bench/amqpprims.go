@@ -18,6 +18,10 @@ type AMQPPrimitives struct {
 	GetRequeue Summary // requeue of the held message + basic.get of it
 	Push       Summary // requeue by its holder until a consumer on another channel has it
 	Claim      Summary // exclusive consume + cancel on a classic queue (a claim and its end)
+	// Join is a waiter joining the quorum queue: basic.consume until its
+	// consume-ok, the message held on another channel. A NATS waiter's
+	// pull needs no answer; an amqpsem waiter is served only once joined.
+	Join Summary
 	// Protocol is amqpsem's cycle played bare: consume the token queue
 	// until the delivery, claim, cancel the consumer; cancel the claim,
 	// requeue, confirming round trip (basic.qos). The library's share of
@@ -138,10 +142,15 @@ func (a *amqpSystem) primitives(ctx context.Context, samples int) (AMQPPrimitive
 		return AMQPPrimitives{}, err
 	}
 	d = d[:0]
+	var joins []time.Duration
 	for i := range samples + warm {
+		j0 := time.Now()
 		deliveries, err := chB.Consume(q, "waiter", false, false, false, false, nil)
 		if err != nil {
 			return AMQPPrimitives{}, err
+		}
+		if i >= warm {
+			joins = append(joins, time.Since(j0))
 		}
 		t0 := time.Now()
 		if err := held.Nack(false, true); err != nil {
@@ -177,6 +186,7 @@ func (a *amqpSystem) primitives(ctx context.Context, samples int) (AMQPPrimitive
 		}
 	}
 	p.Push = Summarize(d)
+	p.Join = Summarize(joins)
 	if err := held.Nack(false, true); err != nil {
 		return AMQPPrimitives{}, err
 	}

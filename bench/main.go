@@ -355,7 +355,7 @@ func run(ctx context.Context, cfg *config, log io.Writer) *Report {
 				res.Skipped = fmt.Sprintf("RabbitMQ at %s unreachable (%v): set RABBITMQ_URL, or start Debian's broker with `bash .ci/rabbitmq.sh`", redact.URL(cfg.amqpURL), err)
 				break
 			}
-			if cfg.has("cycle") || cfg.has("handoff") {
+			if cfg.has("cycle") || cfg.has("handoff") || cfg.has("priority") {
 				if pr, err := as.primitives(ctx, p.prims); err != nil {
 					logf("RabbitMQ primitives: %v", err)
 				} else {

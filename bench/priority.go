@@ -149,6 +149,7 @@ func writePriority(w io.Writer, r *Report) {
 			}
 			rows = append(rows, []string{s.Label, mode,
 				fmtDur(pr.High.P50) + " / " + fmtDur(pr.High.P99) + fmt.Sprintf(" (%d)", pr.HighAcquired),
+				priorityTarget(r, s, pr),
 				fmtDur(pr.Low.P50) + " / " + fmtDur(pr.Low.P99),
 				fmt.Sprintf("%s/s", thousands(pr.LowThroughput)), share,
 				fmt.Sprintf("%d of %d", pr.Peak, pr.N)})
@@ -158,13 +159,37 @@ func writePriority(w io.Writer, r *Report) {
 		return
 	}
 	fmt.Fprintf(w, "## Priority classes\n\n")
-	writeTable(w, []string{"system", "classes", "caller's wait p50 / p99 (calls)", "workers' wait p50 / p99",
-		"workers' throughput", "of FIFO's", "most inside"}, rows)
+	writeTable(w, []string{"system", "classes", "caller's wait p50 / p99 (calls)", "target for its p99",
+		"workers' wait p50 / p99", "workers' throughput", "of FIFO's", "most inside"}, rows)
 	if first != nil {
 		fmt.Fprintf(w, "%d workers on connections of their own loop acquire → hold %s → release on N=%d for %s while one "+
 			"caller arrives every %s and holds as long. With classes the broker hands a freed permit to the caller "+
 			"first; the target is a caller's p99 wait of at most one hold plus one handoff, and the workers keeping "+
-			"at least 90%% of their FIFO throughput. Redis has no classes: its row is FIFO.\n\n",
+			"at least 90%% of their FIFO throughput. Redis has no classes: its row is FIFO. The target column adds "+
+			"one hold to the p99 of the same run's handoff to an idle waiter (the handoff scenario; — when it did not run) "+
+			"and, for amqpsem, the p99 of a waiter joining the token queue (RabbitMQ primitives: basic.consume until "+
+			"its consume-ok, which a caller waits for before the queue can serve it; a NATS pull needs no answer).\n\n",
 			first.Workers, fmtDur(first.Hold), first.N, first.Duration, fmtDur(first.Every))
 	}
+}
+
+// priorityTarget is the caller's p99 target of a classes run: one hold
+// plus the same run's handoff p99 (plus, on RabbitMQ, the p99 of joining
+// the queue), and whether pr met it; "—" for a FIFO run or without the
+// handoff scenario.
+func priorityTarget(r *Report, s *SystemResult, pr *PriorityResult) string {
+	if !pr.Classes || !s.Tokensem || s.Handoff == nil {
+		return "—"
+	}
+	target := pr.Hold + s.Handoff.P99
+	how := "hold + handoff"
+	if s.Key == "amqpsem" && r.AMQPPrims != nil && r.AMQPPrims.Join.N > 0 {
+		target += r.AMQPPrims.Join.P99
+		how += " + join"
+	}
+	verdict := "met"
+	if pr.High.P99 > target {
+		verdict = fmt.Sprintf("missed by %.1f×", float64(pr.High.P99)/float64(target))
+	}
+	return fmt.Sprintf("%s (%s): %s", fmtDur(target), how, verdict)
 }

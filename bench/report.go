@@ -405,8 +405,10 @@ func writeCore(w io.Writer, r *Report) {
 	if p := r.AMQPPrims; p != nil {
 		fmt.Fprintf(w, "RabbitMQ primitives in the same run (plain amqp091, a quorum queue of one message): requeue + basic.get "+
 			"p50 %s; requeue pushed to a consumer on another channel p50 %s; exclusive consume + cancel (a claim and its end) "+
-			"p50 %s. Floors: a cycle %s (requeue + get + claim), a handoff %s (push + claim).\n\n",
-			fmtDur(p.GetRequeue.P50), fmtDur(p.Push.P50), fmtDur(p.Claim.P50), fmtDur(p.CycleFloor()), fmtDur(p.HandoffFloor()))
+			"p50 %s; a waiter joining the queue (basic.consume until consume-ok) p50 / p99 %s / %s. Floors: a cycle %s "+
+			"(requeue + get + claim), a handoff %s (push + claim).\n\n",
+			fmtDur(p.GetRequeue.P50), fmtDur(p.Push.P50), fmtDur(p.Claim.P50), fmtDur(p.Join.P50), fmtDur(p.Join.P99),
+			fmtDur(p.CycleFloor()), fmtDur(p.HandoffFloor()))
 	}
 	if ns := r.system("natssem"); ns != nil && len(ns.NATSProtocols) > 0 {
 		writeNATSProtocols(w, r, ns)
