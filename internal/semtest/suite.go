@@ -57,6 +57,7 @@ func Run(t *testing.T, b Backend) {
 		{"WeightedGateRepaired", testWeightedGateRepaired},
 		{"WeightedAfterDelete", testWeightedAfterDelete},
 		{"AcquireAll", testAcquireAll},
+		{"Blocks", testBlocks},
 		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
 	}
 	cases := make([]subtest, len(tests))

@@ -1,0 +1,388 @@
+package tokensem
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tokensem/tokensem/internal/ctxclass"
+)
+
+// Block is a global semaphore's permits held in a block by this process
+// and handed out to its callers without a round trip to the global
+// semaphore's broker: the block mode of a hierarchy of limits. Pass a Block
+// where the global semaphore would go, AcquireAll(ctx, block, regional) say,
+// and a caller that finds a permit free in the block pays only the regional
+// acquire; the exact mode (the global semaphore itself) pays both.
+//
+// Each permit a Block hands out is one permit of the global semaphore that
+// this process holds, used by one caller at a time: the block's callers never
+// outnumber the global permits it holds, so the global limit holds at every
+// instant, across every process. The block grows by one global Acquire per
+// caller that finds no free permit in it, so it never holds more than its
+// callers' demand, and a permit its caller releases goes:
+//   - to the block's next waiting caller (higher class first, then arrival
+//     order; its own wait at the global semaphore is cancelled), else
+//   - back to the global semaphore if it has served WithBlockReuse callers
+//     since it was acquired, so that callers elsewhere queued at the global
+//     semaphore get their turn in the broker's order (the fairness rule
+//     between blocks: none keeps a permit for more than that many holds
+//     while others wait), else
+//   - into the block, free, and back to the global semaphore after
+//     WithBlockIdle without a caller.
+//
+// A permit of a Block is lost when its global permit is (its Done closes
+// with the global permit's error), as one permit of a PermitSet is; when
+// the process dies, its global permits come back as any holder's do (within
+// a lease on NATS, at once on RabbitMQ). Token, Fence and Deadline are the
+// global permit's: callers that reuse one global permit in turn share its
+// fence, so a resource that must tell them apart checks the fence of the
+// regional permit held beside it.
+//
+// Close releases the free permits and makes later calls return ErrClosed;
+// permits held stay valid until released, and then go back to the global
+// semaphore. Closing the Block does not close the global semaphore.
+type Block struct {
+	global Semaphore
+	idle   time.Duration
+	reuse  int
+
+	mu      sync.Mutex
+	closed  bool
+	free    []*blockSlot   // global permits no caller holds, oldest first
+	waiters []*blockWaiter // callers waiting for a permit, by class, then arrival
+	seq     uint64         // arrival order of waiters
+}
+
+// Defaults of a Block's options.
+const (
+	DefaultBlockIdle  = 50 * time.Millisecond
+	DefaultBlockReuse = 32
+)
+
+// BlockOption configures a Block.
+type BlockOption func(*Block) error
+
+// WithBlockIdle is how long a free permit stays in the block before it
+// goes back to the global semaphore. 0 returns a permit as soon as no
+// caller of the block waits for it. Default DefaultBlockIdle.
+func WithBlockIdle(d time.Duration) BlockOption {
+	return func(b *Block) error {
+		if d < 0 {
+			return fmt.Errorf("%w: block idle %v below 0", ErrInvalidOption, d)
+		}
+		b.idle = d
+		return nil
+	}
+}
+
+// WithBlockReuse is how many callers one global permit serves before it
+// goes back to the global semaphore (and is acquired again, at the back of
+// its queue, if callers still wait). 1 makes every caller's permit its own
+// global acquire. Default DefaultBlockReuse.
+func WithBlockReuse(n int) BlockOption {
+	return func(b *Block) error {
+		if n < 1 {
+			return fmt.Errorf("%w: block reuse %d below 1", ErrInvalidOption, n)
+		}
+		b.reuse = n
+		return nil
+	}
+}
+
+// NewBlock returns a Block of global's permits. global must have a Name
+// method (natssem's and amqpsem's do), which the Block shares, so that
+// AcquireAll orders it as it orders global.
+func NewBlock(global Semaphore, opts ...BlockOption) (*Block, error) {
+	if _, ok := global.(named); !ok || global == nil {
+		return nil, fmt.Errorf("%w: a block of %T: the semaphore has no Name method", ErrInvalidOption, global)
+	}
+	b := &Block{global: global, idle: DefaultBlockIdle, reuse: DefaultBlockReuse}
+	for _, o := range opts {
+		if err := o(b); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// Name returns the global semaphore's name.
+func (b *Block) Name() string { return b.global.(named).Name() }
+
+// blockSlot is one global permit the block holds.
+type blockSlot struct {
+	p      Permit
+	uses   int           // callers it has been handed to
+	holder *blockPermit  // nil while free
+	idle   *time.Timer   // while free, with an idle bound
+	gone   chan struct{} // closed when the block gives p up
+}
+
+// blockWaiter is a caller waiting for a permit of the block.
+type blockWaiter struct {
+	class  Priority
+	seq    uint64
+	cancel context.CancelFunc // its global Acquire
+	slot   *blockSlot         // handed to it by a release
+}
+
+// Acquire returns a free permit of the block, or waits for one: at the
+// global semaphore (which may grow the block) and for a release of the
+// block's callers, whichever comes first. If ctx ends first it returns
+// ctx.Err() itself and holds nothing.
+func (b *Block) Acquire(ctx context.Context) (Permit, error) {
+	return b.take(ctx, b.global.Acquire)
+}
+
+// TryAcquire returns a free permit of the block, or a permit the global
+// semaphore has free now, or ErrNoPermit.
+func (b *Block) TryAcquire(ctx context.Context) (Permit, error) {
+	return b.take(ctx, b.global.TryAcquire)
+}
+
+func (b *Block) take(ctx context.Context, acquire func(context.Context) (Permit, error)) (Permit, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	class := Priority(ctxclass.Of(ctx))
+	if class < LowestPriority || class > HighestPriority {
+		return nil, fmt.Errorf("%w: priority %d is outside [%d, %d]", ErrInvalidOption, class, LowestPriority, HighestPriority)
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, ErrClosed
+	}
+	for len(b.free) > 0 {
+		slot := b.free[0]
+		b.free = b.free[1:]
+		if slot.p.Err() != nil {
+			continue // lost: its watcher is dropping it
+		}
+		p := b.bind(slot)
+		b.mu.Unlock()
+		return p, nil
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	b.seq++
+	w := &blockWaiter{class: class, seq: b.seq, cancel: cancel}
+	i, _ := slices.BinarySearchFunc(b.waiters, w, func(a, w *blockWaiter) int {
+		return cmp.Or(cmp.Compare(w.class, a.class), cmp.Compare(a.seq, w.seq)) // higher class first
+	})
+	b.waiters = slices.Insert(b.waiters, i, w)
+	b.mu.Unlock()
+
+	gp, gerr := acquire(gctx)
+
+	b.mu.Lock()
+	if i := slices.Index(b.waiters, w); i >= 0 {
+		b.waiters = slices.Delete(b.waiters, i, i+1)
+	}
+	slot := w.slot
+	if slot != nil && slot.p.Err() != nil {
+		slot = nil // lost while handed over: its watcher dropped it
+	}
+	var extra *blockSlot
+	if gp != nil {
+		extra = b.adopt(gp)
+		if slot == nil {
+			slot, extra = extra, nil
+		}
+	}
+	var out Permit
+	if slot != nil && ctx.Err() == nil {
+		out = b.bind(slot)
+		slot = nil
+	}
+	// What the caller does not take (a permit handed to it as its ctx
+	// ended, or a global permit acquired as a release handed it another)
+	// goes on as a release's would.
+	var retire []*blockSlot
+	for _, s := range []*blockSlot{slot, extra} {
+		if s != nil {
+			if r := b.place(s); r != nil {
+				retire = append(retire, r)
+			}
+		}
+	}
+	b.mu.Unlock()
+	b.retire(retire...)
+	switch {
+	case out != nil:
+		return out, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	default:
+		return nil, gerr
+	}
+}
+
+// adopt makes a global permit part of the block and watches it for loss.
+// Call with b.mu held.
+func (b *Block) adopt(p Permit) *blockSlot {
+	slot := &blockSlot{p: p, gone: make(chan struct{})}
+	// Owned by the slot: it ends when the block gives the permit up
+	// (retire) or the permit is lost.
+	go func() {
+		select {
+		case <-p.Done():
+			b.lost(slot)
+		case <-slot.gone:
+		}
+	}()
+	return slot
+}
+
+// bind hands slot to a caller. Call with b.mu held.
+func (b *Block) bind(slot *blockSlot) *blockPermit {
+	if slot.idle != nil {
+		slot.idle.Stop()
+		slot.idle = nil
+	}
+	slot.uses++
+	p := &blockPermit{b: b, slot: slot, done: make(chan struct{})}
+	slot.holder = p
+	return p
+}
+
+// place puts a slot no caller holds where it goes next (see Block): to a
+// waiter, into the free list, or out of the block (returned, for retire).
+// Call with b.mu held.
+func (b *Block) place(slot *blockSlot) *blockSlot {
+	slot.holder = nil
+	switch {
+	case slot.p.Err() != nil:
+		return nil // lost: its watcher drops it
+	case len(b.waiters) > 0 && slot.uses < b.reuse && !b.closed:
+		w := b.waiters[0]
+		b.waiters = b.waiters[1:]
+		w.slot = slot
+		slot.holder = &blockPermit{} // reserved until its waiter binds it
+		w.cancel()
+		return nil
+	case slot.uses >= b.reuse || b.closed || b.idle == 0:
+		return slot
+	}
+	b.free = append(b.free, slot)
+	slot.idle = time.AfterFunc(b.idle, func() {
+		b.mu.Lock()
+		i := slices.Index(b.free, slot)
+		if i >= 0 {
+			b.free = slices.Delete(b.free, i, i+1)
+		}
+		b.mu.Unlock()
+		if i >= 0 {
+			b.retire(slot)
+		}
+	})
+	return nil
+}
+
+// retire gives slots' global permits back to the global semaphore.
+func (b *Block) retire(slots ...*blockSlot) {
+	for _, s := range slots {
+		close(s.gone)
+		ctx, cancel := context.WithTimeout(context.Background(), ReleaseTimeout)
+		_ = s.p.Release(ctx)
+		cancel()
+	}
+}
+
+// lost drops a slot whose global permit was lost, and tells its holder.
+func (b *Block) lost(slot *blockSlot) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i := slices.Index(b.free, slot); i >= 0 {
+		b.free = slices.Delete(b.free, i, i+1)
+		if slot.idle != nil {
+			slot.idle.Stop()
+		}
+	}
+	if h := slot.holder; h != nil && h.b != nil {
+		h.end(fmt.Errorf("%w: the block's global permit: %w", ErrLeaseLost, slot.p.Err()))
+	}
+}
+
+// Status takes a census of the global semaphore.
+func (b *Block) Status(ctx context.Context) (Status, error) { return b.global.Status(ctx) }
+
+// Close gives the free permits back to the global semaphore and makes later
+// calls return ErrClosed. Permits held stay valid until released. It does
+// not close the global semaphore, and it is idempotent.
+func (b *Block) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	free := b.free
+	b.free = nil
+	for _, s := range free {
+		if s.idle != nil {
+			s.idle.Stop()
+		}
+	}
+	b.mu.Unlock()
+	b.retire(free...)
+	return nil
+}
+
+// blockPermit is a caller's permit of a Block.
+type blockPermit struct {
+	b    *Block
+	slot *blockSlot
+	done chan struct{}
+	err  error // under b.mu
+}
+
+func (p *blockPermit) Token() Token          { return p.slot.p.Token() }
+func (p *blockPermit) Fence() uint64         { return p.slot.p.Fence() }
+func (p *blockPermit) Deadline() time.Time   { return p.slot.p.Deadline() }
+func (p *blockPermit) Done() <-chan struct{} { return p.done }
+
+func (p *blockPermit) Err() error {
+	p.b.mu.Lock()
+	defer p.b.mu.Unlock()
+	return p.err
+}
+
+// end records the permit's end and closes Done. Call with b.mu held.
+func (p *blockPermit) end(err error) {
+	if p.err == nil {
+		p.err = err
+		close(p.done)
+	}
+}
+
+// Release hands the permit on (see Block): to a caller of the block, into
+// the block, or back to the global semaphore.
+func (p *blockPermit) Release(ctx context.Context) error {
+	b := p.b
+	b.mu.Lock()
+	if p.err != nil {
+		err := p.err
+		b.mu.Unlock()
+		return err
+	}
+	if err := p.slot.p.Err(); err != nil {
+		p.end(fmt.Errorf("%w: the block's global permit: %w", ErrLeaseLost, err))
+		err := p.err
+		b.mu.Unlock()
+		return err
+	}
+	p.end(ErrReleased)
+	r := b.place(p.slot)
+	b.mu.Unlock()
+	if r != nil {
+		close(r.gone)
+		if err := r.p.Release(ctx); err != nil {
+			return fmt.Errorf("%s: %w", b.Name(), err)
+		}
+	}
+	return nil
+}
