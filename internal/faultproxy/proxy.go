@@ -6,11 +6,14 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Proxy forwards TCP connections accepted on a loopback port to a target.
 type Proxy struct {
 	target string
+	delay  time.Duration // one way, fixed at New; see NewDelayed
 	ln     net.Listener
 	ctx    context.Context // cancelled by Close to abort in-flight dials
 	cancel context.CancelFunc
@@ -33,13 +36,21 @@ type pair struct {
 }
 
 // New listens on 127.0.0.1:0 and forwards every accepted connection to target (host:port).
-func New(target string) (*Proxy, error) {
+func New(target string) (*Proxy, error) { return NewDelayed(target, 0) }
+
+// NewDelayed is New with every byte delivered oneWay after it was read, in
+// each direction (a round trip through the proxy takes 2×oneWay more),
+// without limiting throughput: a link to a distant broker.
+func NewDelayed(target string, oneWay time.Duration) (*Proxy, error) {
+	if oneWay < 0 {
+		return nil, errors.New("faultproxy: negative delay")
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Proxy{target: target, ln: ln, ctx: ctx, cancel: cancel, conns: make(map[*pair]struct{})}
+	p := &Proxy{target: target, delay: oneWay, ln: ln, ctx: ctx, cancel: cancel, conns: make(map[*pair]struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.acceptLoop()
@@ -142,10 +153,15 @@ func (p *Proxy) handle(client net.Conn) {
 	p.cond.Broadcast()
 }
 
-// pipe copies src to dst, honouring Pause. It returns when src ends, the
-// pair is closed, or a write fails.
+// pipe copies src to dst, honouring Pause and the delay. It returns when
+// src ends, the pair is closed, or a write fails.
 func (p *Proxy) pipe(c *pair, dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
+	var line *delayLine
+	if p.delay > 0 {
+		line = newDelayLine(dst, p.delay)
+		defer line.close() // idempotent; delivers what is queued
+	}
 	for {
 		n, err := src.Read(buf)
 		// Hold whatever we just got (data, EOF or error) while paused. The
@@ -154,13 +170,26 @@ func (p *Proxy) pipe(c *pair, dst, src net.Conn) {
 			return
 		}
 		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			var werr error
+			if line != nil {
+				werr = line.write(buf[:n])
+			} else {
+				_, werr = dst.Write(buf[:n])
+			}
+			if werr != nil {
 				p.abort(c)
 				return
 			}
 		}
 		if err == nil {
 			continue
+		}
+		if line != nil {
+			// The end comes after the data read before it.
+			if werr := line.close(); werr != nil {
+				p.abort(c)
+				return
+			}
 		}
 		if tc, ok := dst.(*net.TCPConn); ok && errors.Is(err, io.EOF) {
 			tc.CloseWrite() // propagate the half-close, keep the other direction
@@ -169,6 +198,60 @@ func (p *Proxy) pipe(c *pair, dst, src net.Conn) {
 		}
 		return
 	}
+}
+
+// delayLine writes to dst what it is given, each chunk a fixed delay after
+// it was given, in order, from a goroutine of its own (ended by close).
+type delayLine struct {
+	dst    net.Conn
+	delay  time.Duration
+	chunks chan delayed
+	done   chan struct{} // closed when the writer has ended
+	failed atomic.Bool   // a write failed: later chunks are dropped
+	err    error         // the failed write's error; read after done
+	once   sync.Once
+}
+
+type delayed struct {
+	b   []byte
+	due time.Time
+}
+
+func newDelayLine(dst net.Conn, delay time.Duration) *delayLine {
+	l := &delayLine{dst: dst, delay: delay, chunks: make(chan delayed, 256), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for c := range l.chunks {
+			if l.failed.Load() {
+				continue // drain until close
+			}
+			time.Sleep(time.Until(c.due))
+			if _, err := l.dst.Write(c.b); err != nil {
+				l.err = err
+				l.failed.Store(true)
+			}
+		}
+	}()
+	return l
+}
+
+var errLineFailed = errors.New("faultproxy: delayed write failed")
+
+// write queues a copy of b. It fails once an earlier write has.
+func (l *delayLine) write(b []byte) error {
+	if l.failed.Load() {
+		return errLineFailed
+	}
+	l.chunks <- delayed{append([]byte(nil), b...), time.Now().Add(l.delay)}
+	return nil
+}
+
+// close delivers what is queued, ends the writer and returns the error of
+// a write that failed.
+func (l *delayLine) close() error {
+	l.once.Do(func() { close(l.chunks) })
+	<-l.done
+	return l.err
 }
 
 // waitUnpaused blocks while the proxy is paused. It reports false if the

@@ -3,10 +3,12 @@ package faultproxy_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -222,5 +224,38 @@ func TestCloseNoLeak(t *testing.T) {
 			t.Fatalf("goroutines: before=%d after=%d\n%s", before, n, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDelayed: through a delaying proxy every round trip takes at least
+// twice the one-way delay, bytes arrive in order, and a half-close still
+// reaches the other side after the data before it.
+func TestDelayed(t *testing.T) {
+	const oneWay = 10 * time.Millisecond
+	p, err := faultproxy.NewDelayed(startEcho(t), oneWay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c := dial(t, p.Addr())
+	for i := range 5 {
+		start := time.Now()
+		roundTrip(t, c, fmt.Sprintf("message %d;", i))
+		if d := time.Since(start); d < 2*oneWay {
+			t.Fatalf("round trip %d took %v, less than twice the one-way delay %v", i, d, oneWay)
+		}
+	}
+	// Pipelined writes come back whole and in order.
+	var want strings.Builder
+	for i := range 50 {
+		msg := fmt.Sprintf("<%d>", i)
+		want.WriteString(msg)
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect(t, c, want.String())
+	if _, err := faultproxy.NewDelayed(startEcho(t), -time.Second); err == nil {
+		t.Error("NewDelayed with a negative delay: no error")
 	}
 }
