@@ -51,6 +51,9 @@ type config struct {
 	weightedWorkers int
 	priorityWorkers int
 	priorityEvery   time.Duration
+	layersRTT       time.Duration
+	layersGlobal    int
+	layersWorkers   [2]int
 	permits         int
 	hold            time.Duration
 	duration        time.Duration
@@ -67,7 +70,7 @@ type config struct {
 }
 
 var allSystems = []string{"natssem", "amqpsem", "redis", "redis-fast"}
-var allScenarios = []string{"cycle", "contention", "weighted", "priority", "handoff", "sems", "waiters", "bign"}
+var allScenarios = []string{"cycle", "contention", "weighted", "priority", "layers", "handoff", "sems", "waiters", "bign"}
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -76,7 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	systems := fs.String("systems", strings.Join(allSystems, ","),
 		"systems to run, comma-separated: natssem (with the raw core-NATS round trip), amqpsem, redis (retry 50–200 ms), redis-fast (retry 1–5 ms)")
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","),
-		"scenarios to run, comma-separated: cycle, contention, weighted (mixed weights 1-3, tokensem only), priority (classes, and FIFO beside), handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
+		"scenarios to run, comma-separated: cycle, contention, weighted (mixed weights 1-3, tokensem only), priority (classes, and FIFO beside), layers (a regional limit under a distant global one: exact and block modes, tokensem only), handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
 	fs.StringVar(&c.out, "out", "", "directory to write bench.md and handoff.svg to (default: print the markdown only)")
 	fs.BoolVar(&c.quick, "quick", false, "short runs (fewer samples, 3 s of contention): the whole run takes a few minutes")
 	fs.StringVar(&c.amqpURL, "amqp-url", cmp.Or(os.Getenv("RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (default $RABBITMQ_URL)")
@@ -88,6 +91,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.weightedWorkers, "weighted-workers", 12, "weighted: workers of weights 1, 2 and 3 in turn (weight 3 needs -permits of at least 3)")
 	fs.IntVar(&c.priorityWorkers, "priority-workers", 16, "priority: low-class workers keeping the permits busy")
 	fs.DurationVar(&c.priorityEvery, "priority-every", 20*time.Millisecond, "priority: how often a high-class caller arrives")
+	fs.DurationVar(&c.layersRTT, "layers-rtt", 20*time.Millisecond, "layers: round trip the proxy adds to the global broker")
+	fs.IntVar(&c.layersGlobal, "layers-global", 8, "layers: the global limit the two regions contend for")
+	layersWorkers := fs.String("layers-workers", "12,4", "layers: workers of the two regions, comma-separated")
 	fs.IntVar(&c.permits, "permits", 4, "contention and waiters: permits N")
 	fs.DurationVar(&c.hold, "hold", time.Millisecond, "contention and waiters: how long each acquisition holds")
 	fs.DurationVar(&c.duration, "duration", 0, "contention: how long to run (default 10s, 3s with -quick)")
@@ -121,6 +127,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.idle < 0 {
 		return nil, errors.New("-handoff-idle must not be negative")
+	}
+	if _, err := fmt.Sscanf(*layersWorkers, "%d,%d", &c.layersWorkers[0], &c.layersWorkers[1]); err != nil ||
+		c.layersWorkers[0] < 1 || c.layersWorkers[1] < 1 {
+		return nil, fmt.Errorf("-layers-workers %q: want two positive counts, as 12,4", *layersWorkers)
+	}
+	if c.layersRTT < 0 || c.layersGlobal < 1 {
+		return nil, errors.New("-layers-rtt must not be negative and -layers-global must be positive")
 	}
 	if c.natsCluster && c.natsURL != "" {
 		return nil, errors.New("-nats-cluster starts a cluster of its own: it cannot go with -nats-url")
@@ -181,6 +194,7 @@ type profile struct {
 	handoffRedisSlow     int
 	rtt, rttIdle, prims  int
 	statuses             int
+	layers               int
 	serveLimit           time.Duration
 	semsConcurrency      int
 }
@@ -188,10 +202,10 @@ type profile struct {
 func (c *config) profile() profile {
 	if c.quick {
 		return profile{cycle: 2000, cycleAMQP: 500, handoff: 300, handoffAMQP: 200, handoffRedisSlow: 60,
-			rtt: 2000, rttIdle: 300, prims: 500, statuses: 3, serveLimit: 30 * time.Second, semsConcurrency: 4}
+			rtt: 2000, rttIdle: 300, prims: 500, statuses: 3, layers: 100, serveLimit: 30 * time.Second, semsConcurrency: 4}
 	}
 	return profile{cycle: 10000, cycleAMQP: 2000, handoff: 1000, handoffAMQP: 500, handoffRedisSlow: 200,
-		rtt: 10000, rttIdle: 1000, prims: 2000, statuses: 5, serveLimit: 2 * time.Minute, semsConcurrency: 4}
+		rtt: 10000, rttIdle: 1000, prims: 2000, statuses: 5, layers: 300, serveLimit: 2 * time.Minute, semsConcurrency: 4}
 }
 
 func main() {
@@ -475,6 +489,16 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			}
 			logf("%s priority (classes %v): caller wait p50 %s p99 %s (%d calls), workers' wait p50 %s p99 %s, %.0f/s, peak holders %d; machine CPU %.0f%% busy",
 				key, classes, fmtDur(r.High.P50), fmtDur(r.High.P99), r.HighAcquired, fmtDur(r.Low.P50), fmtDur(r.Low.P99), r.LowThroughput, r.Peak, 100*r.CPU.MachineBusy)
+		}
+	}
+	if cfg.has("layers") && res.Tokensem {
+		if r, err := runLayers(ctx, sys, name("layers"), cfg.layersRTT, p.layers, cfg.layersGlobal, cfg.layersWorkers, cfg.hold, cfg.duration, !cfg.sleepHold); err != nil {
+			fail("layers", err)
+		} else {
+			res.Layers = r
+			logf("%s layers: acquire p50 regional alone %s, exact %s, block %s; holds by region %d/%d (workers %d/%d), peak %d of %d",
+				key, fmtDur(r.Plain.P50), fmtDur(r.Exact.P50), fmtDur(r.Block.P50), r.Regions[0].Holds, r.Regions[1].Holds,
+				r.Regions[0].Workers, r.Regions[1].Workers, r.Peak, r.Global)
 		}
 	}
 	if cfg.has("handoff") {

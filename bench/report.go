@@ -76,6 +76,7 @@ type SystemResult struct {
 	// Priority is the priority scenario with classes (tokensem only),
 	// PriorityFIFO the same traffic with every caller in class 0.
 	Priority, PriorityFIFO *PriorityResult
+	Layers                 *LayersResult
 }
 
 func (r *Report) system(key string) *SystemResult {
@@ -170,6 +171,7 @@ func WriteMarkdown(w io.Writer, r *Report, plot string) error {
 	writeCore(w, r)
 	writeWeighted(w, r)
 	writePriority(w, r)
+	writeLayers(w, r)
 	writeScale(w, r)
 	switch {
 	case plot != "":
