@@ -205,6 +205,16 @@ func (a *acquisition) await(ctx context.Context) (*Permit, error) {
 	}
 }
 
+// tryAgain counts a no-wait pull that found every ready token promised to
+// pulls queued ahead: nil to ask again, tokensem.ErrNoPermit after
+// maxTryDeliveries.
+func (a *acquisition) tryAgain() error {
+	if a.tries++; a.tries >= maxTryDeliveries {
+		return tokensem.ErrNoPermit
+	}
+	return nil
+}
+
 // answer handles one message to the waiter's inbox: a delivery (deliver),
 // or a status of the pull. waitOn says the pull is still queued (a
 // heartbeat, a message not for it); otherwise p and err are await's.
@@ -227,14 +237,17 @@ func (a *acquisition) answer(ctx context.Context, m *nats.Msg) (p *Permit, waitO
 			// "Requests Pending": the ready tokens are on their way to
 			// pulls queued ahead. Ask again a few times (one may come
 			// back, handed back by a caller that gave up), not for ever.
-			if a.tries++; a.tries >= maxTryDeliveries {
-				return nil, false, tokensem.ErrNoPermit
-			}
-			return nil, false, nil
+			return nil, false, a.tryAgain()
 		}
 		s.log.Debug(reissued, "reason", "expired")
 		return nil, false, nil // our pull expired: re-issue it
 	case "409":
+		if isMaxWaiting(desc) && a.noWait {
+			// The waiter queue is full: a ready token goes to the pulls
+			// queued there before this one, as with 408. TryAcquire
+			// does not wait, so the limit on waiters is not its error.
+			return nil, false, a.tryAgain()
+		}
 		if isMaxWaiting(desc) {
 			return nil, false, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
 		}

@@ -53,3 +53,38 @@ func TestSilentScanIsTransient(t *testing.T) {
 		t.Errorf("a scan whose caller gave up: %v, want context.Canceled alone", err)
 	}
 }
+
+// TestNoWaitPullOnAFullQueue: nats-server queues a no-wait pull that finds
+// tokens pending for the pulls already queued (consumer.go,
+// processNextMsgRequest), and answers 409 "Exceeded MaxWaiting" when the
+// queue is full. For TryAcquire that means every ready token is promised
+// to a waiter ahead: ErrNoPermit after a few tries, as with 408, never
+// ErrTooManyWaiters, which its contract does not list (a loaded CI run met
+// it in TestClusterGivenUpPullIsTakenOver). A waiting Acquire still gets
+// ErrTooManyWaiters.
+func TestNoWaitPullOnAFullQueue(t *testing.T) {
+	srv := startServer(t)
+	s, err := newSemaphore(dial(t, srv), "full", mustOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := &nats.Msg{Header: nats.Header{"Status": {"409"}, "Description": {"Exceeded MaxWaiting"}}}
+	ctx := testContext(t)
+	try := &acquisition{s: s, noWait: true}
+	for i := 1; ; i++ {
+		p, waitOn, err := try.answer(ctx, full)
+		if p != nil || waitOn {
+			t.Fatalf("answer %d: permit %v, wait on %v", i, p, waitOn)
+		}
+		if err != nil {
+			if !errors.Is(err, tokensem.ErrNoPermit) || i != maxTryDeliveries {
+				t.Fatalf("TryAcquire's answer %d to a full queue: %v, want ErrNoPermit at answer %d", i, err, maxTryDeliveries)
+			}
+			break
+		}
+	}
+	wait := &acquisition{s: s}
+	if _, _, err := wait.answer(ctx, full); !errors.Is(err, tokensem.ErrTooManyWaiters) {
+		t.Errorf("Acquire's answer to a full queue: %v, want ErrTooManyWaiters", err)
+	}
+}

@@ -41,6 +41,11 @@ func TestTooManyWaiters(t *testing.T) {
 	if !errors.Is(err, tokensem.ErrTooManyWaiters) {
 		t.Fatalf("third waiter: err = %v, want ErrTooManyWaiters", err)
 	}
+	// TryAcquire does not wait: with the waiter queue full it reports no
+	// permit free (see also TestNoWaitPullOnAFullQueue).
+	if _, err := third.TryAcquire(semtest.Context(t, 5*time.Second)); !errors.Is(err, tokensem.ErrNoPermit) {
+		t.Fatalf("TryAcquire with the waiter queue full: err = %v, want ErrNoPermit", err)
+	}
 	cancel()
 	for range 2 {
 		<-errs
