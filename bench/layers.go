@@ -300,6 +300,10 @@ func runLayers(ctx context.Context, sys System, name string, rtt time.Duration, 
 						failed.CompareAndSwap(nil, err)
 						return
 					}
+					if reg.onHold != nil { // amqpsem: the slots Cleanup removes
+						reg.onHold(set.Permits()[1])
+						rg.onHold(set.Permits()[0])
+					}
 					mine = append(mine, time.Since(t0))
 					m.Enter()
 					holdFor(hold, precise)
