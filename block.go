@@ -151,10 +151,26 @@ func (b *Block) take(ctx context.Context, acquire func(context.Context) (Permit,
 	if class < LowestPriority || class > HighestPriority {
 		return nil, fmt.Errorf("%w: priority %d is outside [%d, %d]", ErrInvalidOption, class, LowestPriority, HighestPriority)
 	}
+	for {
+		p, err, again := b.try(ctx, class, acquire)
+		if !again {
+			return p, err
+		}
+	}
+}
+
+// try is one attempt of take. again says that what it got was lost before
+// the caller could have it (a permit a release handed over, or the global
+// permit just acquired): the caller waits anew.
+func (b *Block) try(ctx context.Context, class Priority, acquire func(context.Context) (Permit, error)) (_ Permit, _ error, again bool) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return nil, ErrClosed
+		return nil, ErrClosed, false
+	}
+	if err := ctx.Err(); err != nil {
+		b.mu.Unlock()
+		return nil, err, false
 	}
 	for len(b.free) > 0 {
 		slot := b.free[0]
@@ -164,7 +180,7 @@ func (b *Block) take(ctx context.Context, acquire func(context.Context) (Permit,
 		}
 		p := b.bind(slot)
 		b.mu.Unlock()
-		return p, nil
+		return p, nil, false
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -183,8 +199,12 @@ func (b *Block) take(ctx context.Context, acquire func(context.Context) (Permit,
 		b.waiters = slices.Delete(b.waiters, i, i+1)
 	}
 	slot := w.slot
+	lost := false
 	if slot != nil && slot.p.Err() != nil {
-		slot = nil // lost while handed over: its watcher dropped it
+		slot, lost = nil, true // lost while handed over: its watcher drops it
+	}
+	if gp != nil && gp.Err() != nil {
+		gp, lost = nil, true // lost before it was taken in: nothing to give back
 	}
 	var extra *blockSlot
 	if gp != nil {
@@ -213,12 +233,15 @@ func (b *Block) take(ctx context.Context, acquire func(context.Context) (Permit,
 	b.retire(retire...)
 	switch {
 	case out != nil:
-		return out, nil
+		return out, nil, false
 	case ctx.Err() != nil:
-		return nil, ctx.Err()
-	default:
-		return nil, gerr
+		return nil, ctx.Err(), false
+	case lost && (gerr == nil || gctx.Err() != nil):
+		// The global wait ended with a permit that was lost, or was
+		// cancelled by a release whose permit was then lost.
+		return nil, nil, true
 	}
+	return nil, gerr, false
 }
 
 // adopt makes a global permit part of the block and watches it for loss.
@@ -348,6 +371,12 @@ func (p *blockPermit) Done() <-chan struct{} { return p.done }
 func (p *blockPermit) Err() error {
 	p.b.mu.Lock()
 	defer p.b.mu.Unlock()
+	if p.err == nil {
+		if err := p.slot.p.Err(); err != nil {
+			// Lost; the slot's watcher is about to close Done.
+			return fmt.Errorf("%w: the block's global permit: %w", ErrLeaseLost, err)
+		}
+	}
 	return p.err
 }
 
