@@ -100,13 +100,30 @@ func exists(t *testing.T, err error) bool {
 	return false
 }
 
-// countDeletes wraps a DeleteFunc to count its outcomes.
+// countDeletes wraps a DeleteFunc to count its outcomes. Once stopped, it
+// deletes nothing more.
 type countDeletes struct {
 	del           semgroup.DeleteFunc
 	deleted, held atomic.Int64
+
+	mu      sync.Mutex // held for each delete
+	stopped bool
+}
+
+// stop waits for a delete under way to end and makes later ones fail
+// without deleting: the Group's expiry goes on, but changes nothing.
+func (c *countDeletes) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
 }
 
 func (c *countDeletes) Delete(ctx context.Context, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return errors.New("the test stopped the deletes")
+	}
 	err := c.del(ctx, name)
 	switch {
 	case err == nil:
@@ -211,16 +228,23 @@ func TestIdleExpiryAcrossReplicas(t *testing.T) {
 				t.Fatalf("while B held a permit: %d deletes, %d refused; want 0, at least 1", cd.deleted.Load(), cd.held.Load())
 			}
 
-			// B uses the key from 3 goroutines for a while; A uses it now
-			// and then, so that it keeps expiring it between B's holds.
+			// B uses the key from 3 goroutines for 3 s, and on until A has
+			// deleted it at least once (at most 20 s: on a loaded machine
+			// B's holds can cover every one of A's tries for a while); A
+			// uses it now and then, so that it keeps expiring it between
+			// B's holds.
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
-			stop := time.Now().Add(3 * time.Second)
+			start := time.Now()
+			running := func() bool {
+				d := time.Since(start)
+				return d < 3*time.Second || d < 20*time.Second && cd.deleted.Load() == 0
+			}
 			for range 3 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					for time.Now().Before(stop) {
+					for running() {
 						if err := replicaB.Do(ctx, "k", hold(2*time.Millisecond)); err != nil {
 							errs <- err
 							return
@@ -229,7 +253,7 @@ func TestIdleExpiryAcrossReplicas(t *testing.T) {
 					}
 				}()
 			}
-			for time.Now().Before(stop) {
+			for running() {
 				if err := a.Do(ctx, "k", hold(0)); err != nil {
 					t.Fatalf("A: %v", err)
 				}
@@ -247,6 +271,12 @@ func TestIdleExpiryAcrossReplicas(t *testing.T) {
 			if cd.deleted.Load() == 0 {
 				t.Fatal("A never deleted the key between B's holds: the race was not exercised")
 			}
+			// A's expiry is still running: its delete of the key after A's
+			// last use may be under way, claiming every slot (a census
+			// would see each slot held beside its ready token). Let it end
+			// first; the key is then either gone (and B makes it again) or
+			// unused.
+			cd.stop()
 			st, err := replicaB.Status(ctx, "k")
 			if err != nil || st.Permits != permits || !st.Healthy {
 				t.Fatalf("k after the race: %+v, %v", st, err)
