@@ -42,9 +42,10 @@ import (
 // fence, so a resource that must tell them apart checks the fence of the
 // regional permit held beside it.
 //
-// Close releases the free permits and makes later calls return ErrClosed;
-// permits held stay valid until released, and then go back to the global
-// semaphore. Closing the Block does not close the global semaphore.
+// Close releases the free permits, ends the waits under way and makes
+// them and later calls return ErrClosed; permits held stay valid until
+// released, and then go back to the global semaphore. Closing the Block
+// does not close the global semaphore.
 type Block struct {
 	global Semaphore
 	idle   time.Duration
@@ -213,8 +214,9 @@ func (b *Block) try(ctx context.Context, class Priority, acquire func(context.Co
 			slot, extra = extra, nil
 		}
 	}
+	closed := b.closed
 	var out Permit
-	if slot != nil && ctx.Err() == nil {
+	if slot != nil && ctx.Err() == nil && !closed {
 		out = b.bind(slot)
 		slot = nil
 	}
@@ -236,6 +238,8 @@ func (b *Block) try(ctx context.Context, class Priority, acquire func(context.Co
 		return out, nil, false
 	case ctx.Err() != nil:
 		return nil, ctx.Err(), false
+	case closed:
+		return nil, ErrClosed, false // Close ended the wait
 	case lost && (gerr == nil || gctx.Err() != nil):
 		// The global wait ended with a permit that was lost, or was
 		// cancelled by a release whose permit was then lost.
@@ -333,9 +337,10 @@ func (b *Block) lost(slot *blockSlot) {
 // Status takes a census of the global semaphore.
 func (b *Block) Status(ctx context.Context) (Status, error) { return b.global.Status(ctx) }
 
-// Close gives the free permits back to the global semaphore and makes later
-// calls return ErrClosed. Permits held stay valid until released. It does
-// not close the global semaphore, and it is idempotent.
+// Close gives the free permits back to the global semaphore, ends the
+// waits under way and makes them and later calls return ErrClosed. Permits
+// held stay valid until released. It does not close the global semaphore,
+// and it is idempotent.
 func (b *Block) Close() error {
 	b.mu.Lock()
 	if b.closed {
@@ -343,6 +348,9 @@ func (b *Block) Close() error {
 		return nil
 	}
 	b.closed = true
+	for _, w := range b.waiters {
+		w.cancel() // their global waits end; they return ErrClosed
+	}
 	free := b.free
 	b.free = nil
 	for _, s := range free {

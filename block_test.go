@@ -298,3 +298,40 @@ func TestBlockWaitEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockCloseEndsWaits: Close ends a wait under way at the global
+// semaphore with ErrClosed, and the wait leaves nothing queued there.
+func TestBlockCloseEndsWaits(t *testing.T) {
+	g := globalSem(t, startNATS(t), "global", 1, 1)[0]
+	ctx := bounded(t)
+	held, err := g.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBlock(t, g)
+	got := make(chan error, 1)
+	go func() {
+		p, err := b.Acquire(ctx)
+		if p != nil {
+			_ = p.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, "the block's caller to wait at the global semaphore", func() bool {
+		st, err := g.Status(ctx)
+		return err == nil && st.Waiting == 1
+	})
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, tokensem.ErrClosed) {
+		t.Fatalf("a wait under way at Close: %v, want ErrClosed", err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the permit free, nobody waiting", func() bool {
+		st, err := g.Status(ctx)
+		return err == nil && st.Available == 1 && st.Waiting == 0
+	})
+}
