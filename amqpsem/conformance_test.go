@@ -170,5 +170,8 @@ func replaceConfig(t testing.TB, name string, edit func([]byte) []byte) {
 }
 
 func TestConformance(t *testing.T) {
+	// Beside the other parallel tests: alone it was 77 s of the package's
+	// 220 s of serial tests beside two CPU hogs (issue 35's bound).
+	t.Parallel()
 	semtest.Run(t, amqpBackend())
 }
