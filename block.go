@@ -122,6 +122,25 @@ type blockSlot struct {
 	gone   chan struct{} // closed when the block gives p up
 }
 
+// reserved is the holder of a slot a release handed to a waiter, until
+// the waiter binds it (or gives it on).
+var reserved = &blockPermit{}
+
+// loss is the error of a caller whose slot's global permit was lost, or
+// nil while it is held.
+func (s *blockSlot) loss() error {
+	if err := s.p.Err(); err != nil {
+		return fmt.Errorf("%w: the block's global permit: %w", ErrLeaseLost, err)
+	}
+	return nil
+}
+
+// giveUp takes the slot out of the block and releases its global permit.
+func (s *blockSlot) giveUp(ctx context.Context) error {
+	close(s.gone)
+	return s.p.Release(ctx)
+}
+
 // blockWaiter is a caller waiting for a permit of the block.
 type blockWaiter struct {
 	class  Priority
@@ -288,7 +307,7 @@ func (b *Block) place(slot *blockSlot) *blockSlot {
 		w := b.waiters[0]
 		b.waiters = b.waiters[1:]
 		w.slot = slot
-		slot.holder = &blockPermit{} // reserved until its waiter binds it
+		slot.holder = reserved
 		w.cancel()
 		return nil
 	case slot.uses >= b.reuse || b.closed || b.idle == 0:
@@ -312,9 +331,8 @@ func (b *Block) place(slot *blockSlot) *blockSlot {
 // retire gives slots' global permits back to the global semaphore.
 func (b *Block) retire(slots ...*blockSlot) {
 	for _, s := range slots {
-		close(s.gone)
 		ctx, cancel := context.WithTimeout(context.Background(), ReleaseTimeout)
-		_ = s.p.Release(ctx)
+		_ = s.giveUp(ctx)
 		cancel()
 	}
 }
@@ -329,8 +347,8 @@ func (b *Block) lost(slot *blockSlot) {
 			slot.idle.Stop()
 		}
 	}
-	if h := slot.holder; h != nil && h.b != nil {
-		h.end(fmt.Errorf("%w: the block's global permit: %w", ErrLeaseLost, slot.p.Err()))
+	if h := slot.holder; h != nil && h != reserved {
+		h.end(slot.loss())
 	}
 }
 
@@ -380,9 +398,8 @@ func (p *blockPermit) Err() error {
 	p.b.mu.Lock()
 	defer p.b.mu.Unlock()
 	if p.err == nil {
-		if err := p.slot.p.Err(); err != nil {
-			// Lost; the slot's watcher is about to close Done.
-			return fmt.Errorf("%w: the block's global permit: %w", ErrLeaseLost, err)
+		if err := p.slot.loss(); err != nil {
+			return err // lost; the slot's watcher is about to close Done
 		}
 	}
 	return p.err
@@ -406,9 +423,8 @@ func (p *blockPermit) Release(ctx context.Context) error {
 		b.mu.Unlock()
 		return err
 	}
-	if err := p.slot.p.Err(); err != nil {
-		p.end(fmt.Errorf("%w: the block's global permit: %w", ErrLeaseLost, err))
-		err := p.err
+	if err := p.slot.loss(); err != nil {
+		p.end(err) // p.err was nil: it is err now
 		b.mu.Unlock()
 		return err
 	}
@@ -416,8 +432,7 @@ func (p *blockPermit) Release(ctx context.Context) error {
 	r := b.place(p.slot)
 	b.mu.Unlock()
 	if r != nil {
-		close(r.gone)
-		if err := r.p.Release(ctx); err != nil {
+		if err := r.giveUp(ctx); err != nil {
 			return fmt.Errorf("%s: %w", b.Name(), err)
 		}
 	}

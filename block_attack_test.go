@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/faultproxy"
 	"github.com/tokensem/tokensem/natssem"
+	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
 // The attacks on tokensem.Block: real natssem semaphores on an embedded
@@ -690,26 +690,7 @@ func TestBlockAttackPausedBlock(t *testing.T) {
 	const n, lease = 2, 2 * time.Second
 	name := "paused"
 	gs := globalSem(t, srv, name, n, 1, natssem.WithLease(lease))
-	u, err := url.Parse(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
-	pnc, err := nats.Connect("nats://" + px.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pnc.Close)
-	ps, err := natssem.Open(bounded(t), pnc, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ps.Close() })
-	t.Cleanup(px.Resume)
+	px, ps := openProxied(t, srv, name)
 
 	var phase atomic.Int32 // 0 before the stall, 1 during, 2 after
 	stalled := newBlock(t, ps, tokensem.WithBlockIdle(time.Second), tokensem.WithBlockReuse(1000))
@@ -809,26 +790,7 @@ func TestBlockAttackAcquiredPermitLostBeforeTaken(t *testing.T) {
 	const lease = 500 * time.Millisecond
 	name := "late"
 	globalSem(t, srv, name, 1, 1, natssem.WithLease(lease))
-	u, err := url.Parse(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
-	pnc, err := nats.Connect("nats://" + px.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pnc.Close)
-	ps, err := natssem.Open(bounded(t), pnc, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ps.Close() })
-	t.Cleanup(px.Resume)
+	px, ps := openProxied(t, srv, name)
 	ctx := bounded(t)
 	// armed: the next global permit acquired is lost before the block
 	// takes it in; lostFence is its fence.
@@ -904,26 +866,7 @@ func TestBlockAttackLossDuringHandoffs(t *testing.T) {
 	const lease = 500 * time.Millisecond
 	name := "handoffs"
 	direct := globalSem(t, srv, name, 1, 1, natssem.WithLease(lease))[0]
-	u, err := url.Parse(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
-	pnc, err := nats.Connect("nats://" + px.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pnc.Close)
-	ps, err := natssem.Open(bounded(t), pnc, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ps.Close() })
-	t.Cleanup(px.Resume)
+	px, ps := openProxied(t, srv, name)
 	b := newBlock(t, ps, tokensem.WithBlockIdle(time.Second), tokensem.WithBlockReuse(1_000_000))
 	ctx := bounded(t)
 	meter, e := newHolders(1), &errs{}
@@ -1005,4 +948,27 @@ func TestBlockAttackLossDuringHandoffs(t *testing.T) {
 	e.check(t)
 	t.Logf("%d holds", handoffs.Load())
 	drained(t, direct, 1)
+}
+
+// openProxied opens semaphore name on srv through a fault proxy of its
+// own, which the test may pause (and which is resumed when it ends).
+func openProxied(t *testing.T, srv *embedded.Server, name string) (*faultproxy.Proxy, *natssem.Semaphore) {
+	t.Helper()
+	px, err := faultproxy.New(srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	pnc, err := nats.Connect("nats://" + px.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pnc.Close)
+	ps, err := natssem.Open(bounded(t), pnc, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ps.Close() })
+	t.Cleanup(px.Resume)
+	return px, ps
 }

@@ -11,19 +11,13 @@ import (
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/semtest"
 	"github.com/tokensem/tokensem/natssem"
-	"github.com/tokensem/tokensem/natssem/embedded"
 )
 
 // newSem starts an embedded NATS server for one test and creates a
 // semaphore of n permits on it.
 func newSem(t *testing.T, n int) *natssem.Semaphore {
 	t.Helper()
-	srv, err := embedded.Start(embedded.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.URL())
+	nc, err := nats.Connect(startNATS(t).URL())
 	if err != nil {
 		t.Fatal(err)
 	}

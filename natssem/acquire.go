@@ -242,13 +242,14 @@ func (a *acquisition) answer(ctx context.Context, m *nats.Msg) (p *Permit, waitO
 		s.log.Debug(reissued, "reason", "expired")
 		return nil, false, nil // our pull expired: re-issue it
 	case "409":
-		if isMaxWaiting(desc) && a.noWait {
-			// The waiter queue is full: a ready token goes to the pulls
-			// queued there before this one, as with 408. TryAcquire
-			// does not wait, so the limit on waiters is not its error.
-			return nil, false, a.tryAgain()
-		}
 		if isMaxWaiting(desc) {
+			if a.noWait {
+				// The waiter queue is full: a ready token goes to the
+				// pulls queued there before this one, as with 408.
+				// TryAcquire does not wait, so the limit on waiters is
+				// not its error.
+				return nil, false, a.tryAgain()
+			}
 			return nil, false, fmt.Errorf("%w: %s", tokensem.ErrTooManyWaiters, desc)
 		}
 		if err := s.checkConsumer(ctx); err != nil && !transient(err) {
