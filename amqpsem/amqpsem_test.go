@@ -28,16 +28,7 @@ var nameSeq atomic.Int64
 
 func initAMQP(t *testing.T, n string, permits int, opts ...amqpsem.Option) *amqpsem.Semaphore {
 	t.Helper()
-	c := dial(t, broker.Addr, 0)
-	s, err := amqpsem.Init(t.Context(), c, n, permits, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Delete what the test made (a long-lived broker would fill up), after
-	// the semaphore's Close.
-	t.Cleanup(func() { _ = amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, n) })
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return defaultPlace().init(t, n, permits, opts...)
 }
 
 // TestTokenSurvivesManyReturns: RabbitMQ 4.x drops a quorum-queue message
@@ -229,14 +220,14 @@ func TestConcurrentInitOneConn(t *testing.T) {
 // next one may read (one List right after another once missed an entry,
 // under load).
 func TestListBackToBack(t *testing.T) {
-	t.Parallel() // the registry lock serializes its readers; TestListWaitsForEntriesPutBack, which holds every entry, is not parallel
+	p := ownPlace(t) // a List reads the whole vhost
 	var names []string
 	for i := range 3 {
 		n := name(t) + "-" + strconv.Itoa(i)
 		names = append(names, n)
-		initAMQP(t, n, 1)
+		p.init(t, n, 1)
 	}
-	conns := []*amqpsem.Conn{dial(t, broker.Addr, 0), dial(t, broker.Addr, 0)}
+	conns := []*amqpsem.Conn{p.dial(t), p.dial(t)}
 	for i := range 6 {
 		infos, err := amqpsem.List(semtest.Context(t, time.Minute), conns[i%2])
 		if err != nil {
@@ -259,7 +250,7 @@ func TestListBackToBack(t *testing.T) {
 // List puts the entries it read back before the next reader counts them;
 // an Init publishing meanwhile must not make the next reader miss one.
 func TestListBesideInits(t *testing.T) {
-	t.Parallel() // the registry lock serializes its readers; TestListWaitsForEntriesPutBack, which holds every entry, is not parallel
+	p := ownPlace(t) // a List reads the whole vhost
 	ctx := semtest.Context(t, 3*time.Minute)
 	var (
 		mu   sync.Mutex
@@ -267,7 +258,7 @@ func TestListBesideInits(t *testing.T) {
 	)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	c := dial(t, broker.Addr, 0)
+	c := p.dial(t)
 	wg.Go(func() {
 		defer close(done)
 		for i := range 12 {
@@ -285,7 +276,7 @@ func TestListBesideInits(t *testing.T) {
 		}
 	})
 	for r := range 3 {
-		c := dial(t, broker.Addr, 0)
+		c := p.dial(t)
 		wg.Go(func() {
 			for i := 0; ; i++ {
 				select {

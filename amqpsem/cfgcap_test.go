@@ -51,9 +51,9 @@ func heapCost(fn func()) (peak, total uint64) {
 // publishConfig publishes body into semaphore n's configuration queue
 // through its exchange, as its admin could, and returns whether the broker
 // confirmed it.
-func publishConfig(t *testing.T, n string, body []byte) bool {
+func (p place) publishConfig(t *testing.T, n string, body []byte) bool {
 	t.Helper()
-	ch := rawChannel(t)
+	ch := p.channel(t)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -80,12 +80,15 @@ const oversized = 60_000_017 // the review's record
 // configuration survived, works), List lists the semaphore, and
 // ForceDelete removes it.
 func TestOversizedConfigNotKept(t *testing.T) {
+	// In a vhost of its own: the semaphore it leaves invalid for a while
+	// would slow every List beside it.
+	p := vhostPlace(t)
 	n := name(t)
-	initAMQP(t, n, 2)
-	ok := publishConfig(t, n, bytes.Repeat([]byte("x"), oversized))
+	p.init(t, n, 2)
+	ok := p.publishConfig(t, n, bytes.Repeat([]byte("x"), oversized))
 	t.Logf("publish of %d bytes: confirmed %v", oversized, ok)
 
-	c := dial(t, broker.Addr, 0)
+	c := p.dial(t)
 	// The broker may take seconds to store and drop 60 MB on a loaded
 	// machine, and a read with a 1 s request timeout then finds it silent
 	// (ErrUnavailable): read again until it answers, measuring every try.
@@ -108,6 +111,10 @@ func TestOversizedConfigNotKept(t *testing.T) {
 	if peak > 10<<20 {
 		t.Errorf("open after a %d-byte publish: the heap grew by %d MB, want under 10 MB", oversized, peak>>20)
 	}
+	// The heap is measured: the rest, which waits on the broker (the List
+	// and the force delete read the configuration until they give up on
+	// it), runs beside the package's other parallel tests.
+	t.Parallel()
 	infos, err := amqpsem.List(t.Context(), c)
 	if err != nil {
 		t.Fatalf("list: %v", err)
@@ -130,13 +137,13 @@ func TestOversizedConfigNotKept(t *testing.T) {
 // declareUncapped makes semaphore n's configuration queue without the cap
 // (a quorum queue, with the delivery limit off on 4.x), as a user allowed
 // to configure it could, and binds it to the semaphore's exchange.
-func declareUncapped(t *testing.T, n string) {
+func (p place) declareUncapped(t *testing.T, n string) {
 	t.Helper()
 	args := amqp.Table{"x-queue-type": "quorum"}
 	if strings.HasPrefix(dialServerVersion(t), "4.") {
 		args["x-delivery-limit"] = int64(-1)
 	}
-	ch := rawChannel(t)
+	ch := p.channel(t)
 	q := "tokensem." + n + ".cfg"
 	if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
 		t.Fatal(err)
@@ -154,7 +161,7 @@ func declareUncapped(t *testing.T, n string) {
 // error that names the queue and Delete, and Delete removes it.
 func TestForeignConfigQueueRefused(t *testing.T) {
 	n := name(t)
-	declareUncapped(t, n)
+	defaultPlace().declareUncapped(t, n)
 	c := dial(t, broker.Addr, 0)
 	t.Cleanup(func() { _ = amqpsem.ForceDelete(semtest.CleanupContext(t, time.Minute), c, n) })
 	ctx := semtest.Context(t, time.Minute)
@@ -176,19 +183,21 @@ func TestForeignConfigQueueRefused(t *testing.T) {
 // does not protect, is received once by a read (which refuses it), not
 // again at every retry.
 func TestUncappedConfigQueue(t *testing.T) {
-	// Not parallel: a List beside it reads its configuration, which
-	// counts a delivery of the message this test counts.
+	// In a vhost of its own: a List beside it would read its
+	// configuration, which counts a delivery of the message this test
+	// counts.
+	p := ownPlace(t)
 	n := name(t)
-	initAMQP(t, n, 2)
-	if _, err := rawChannel(t).QueueDelete("tokensem."+n+".cfg", false, false, false); err != nil {
+	p.init(t, n, 2)
+	if _, err := p.channel(t).QueueDelete("tokensem."+n+".cfg", false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	declareUncapped(t, n)
+	p.declareUncapped(t, n)
 	const size = 20 << 20
-	if !publishConfig(t, n, bytes.Repeat([]byte("x"), size)) {
+	if !p.publishConfig(t, n, bytes.Repeat([]byte("x"), size)) {
 		t.Fatal("20 MB publish into an uncapped queue refused")
 	}
-	c := dial(t, broker.Addr, 0)
+	c := p.dial(t)
 	var err error
 	peak, total := heapCost(func() { _, err = amqpsem.Open(t.Context(), c, n) })
 	t.Logf("open over a %d-byte configuration: heap grew by at most %d kB, %d kB allocated; %v", size, peak>>10, total>>10, err)
@@ -199,7 +208,7 @@ func TestUncappedConfigQueue(t *testing.T) {
 	// x-delivery-count: Open's read took it once. Its close returns the
 	// message, which the queue takes back a moment later (20 MB: longer
 	// on a loaded machine).
-	ch := rawChannel(t)
+	ch := p.channel(t)
 	d, got, err := ch.Get("tokensem."+n+".cfg", false)
 	for deadline := time.Now().Add(20 * time.Second); err == nil && !got && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
@@ -218,10 +227,11 @@ func TestUncappedConfigQueue(t *testing.T) {
 // "unreadable" with the reason, and the others are listed as ever; before,
 // the whole List failed.
 func TestListSurvivesUnreadable(t *testing.T) {
+	p := ownPlace(t) // a List reads the whole vhost
 	ok, stuck := name(t)+"-ok", name(t)+"-stuck"
-	initAMQP(t, ok, 1)
-	initAMQP(t, stuck, 1)
-	ch := rawChannel(t)
+	p.init(t, ok, 1)
+	p.init(t, stuck, 1)
+	ch := p.channel(t)
 	if err := ch.Qos(1, 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +240,7 @@ func TestListSurvivesUnreadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-ds // held, unacknowledged, until the test ends
-	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
+	infos, err := amqpsem.List(semtest.Context(t, time.Minute), p.dial(t))
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}

@@ -18,19 +18,7 @@ import (
 )
 
 // rawChannel opens a plain amqp091 channel on the test broker.
-func rawChannel(t *testing.T) *amqp.Channel {
-	t.Helper()
-	conn, err := amqp.Dial(broker.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
+func rawChannel(t *testing.T) *amqp.Channel { return defaultPlace().channel(t) }
 
 // configMessages counts the messages of a semaphore's configuration queue
 // once nobody reads it: the broker's count lags a requeue by a few
@@ -215,7 +203,7 @@ func TestSecondConfigMessageRefused(t *testing.T) {
 	t.Parallel()
 	n := name(t)
 	made := initAMQP(t, n, 1) // opened before the second message came
-	if !publishConfig(t, n, []byte(`{"junk":true}`)) {
+	if !defaultPlace().publishConfig(t, n, []byte(`{"junk":true}`)) {
 		t.Fatal("the broker did not confirm the second message")
 	}
 	c := dial(t, broker.Addr, 0)

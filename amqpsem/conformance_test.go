@@ -169,9 +169,13 @@ func replaceConfig(t testing.TB, name string, edit func([]byte) []byte) {
 	}
 }
 
+// TestConformanceAlone runs the suite's cases that measure the process's
+// allocations, in the package's serial phase.
+func TestConformanceAlone(t *testing.T) { semtest.RunAlone(t, amqpBackend()) }
+
+// TestConformance runs the rest of the suite beside the package's other
+// parallel tests: its cases wait on the broker far more than they compute.
 func TestConformance(t *testing.T) {
-	// Beside the other parallel tests: alone it was 77 s of the package's
-	// 220 s of serial tests beside two CPU hogs (issue 35's bound).
 	t.Parallel()
-	semtest.Run(t, amqpBackend())
+	semtest.RunBeside(t, amqpBackend())
 }

@@ -21,25 +21,15 @@ import (
 // than that, List missed the newest semaphores. Here 2,100 old junk
 // entries (which List drops) stand before a new semaphore's.
 func TestListPastTwoThousandEntries(t *testing.T) {
-	ch := rawChannel(t)
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
+	p := ownPlace(t)
+	bodies := make([][]byte, 2100)
+	for i := range bodies {
+		bodies[i] = []byte(`{"name":""}`)
 	}
-	old := time.Now().Add(-time.Hour)
-	var last *amqp.DeferredConfirmation
-	var err error
-	for range 2100 {
-		if last, err = ch.PublishWithDeferredConfirmWithContext(t.Context(), "", "tokensem..registry", true, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Timestamp: old, Body: []byte(`{"name":""}`)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if ok, err := last.WaitContext(t.Context()); !ok || err != nil {
-		t.Fatalf("junk entries confirmed %v: %v", ok, err)
-	}
+	p.fillRegistry(t, time.Now().Add(-time.Hour), bodies...)
 	n := name(t)
-	initAMQP(t, n, 1)
-	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
+	p.init(t, n, 1)
+	infos, err := amqpsem.List(semtest.Context(t, time.Minute), p.dial(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +48,10 @@ func TestListPastTwoThousandEntries(t *testing.T) {
 // semaphore whose Init had returned. Here an earlier reader still holds
 // every entry until half a second after the List took the registry's lock.
 func TestListWaitsForEntriesPutBack(t *testing.T) {
+	p := ownPlace(t)
 	n := name(t)
-	initAMQP(t, n, 1)
-	ch := rawChannel(t)
+	p.init(t, n, 1)
+	ch := p.channel(t)
 	if err := ch.Qos(math.MaxUint16, 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -79,14 +70,14 @@ func TestListWaitsForEntriesPutBack(t *testing.T) {
 	listing := make(chan struct{})
 	released := make(chan bool, 1)
 	go func() {
-		locked := registryLocked(t, listing)
+		locked := p.registryLocked(t, listing)
 		if locked {
 			time.Sleep(500 * time.Millisecond)
 		}
 		_ = ch.Close() // puts every entry back
 		released <- locked
 	}()
-	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
+	infos, err := amqpsem.List(semtest.Context(t, time.Minute), p.dial(t))
 	close(listing)
 	if !<-released {
 		t.Fatal("the List never held the registry's lock while the entries were held")
@@ -99,11 +90,11 @@ func TestListWaitsForEntriesPutBack(t *testing.T) {
 	}
 }
 
-// registryLocked waits until a connection holds the registry's lock (an
+// registryLocked waits until, in p, a connection holds the registry's lock (an
 // exclusive queue: a passive declare from another connection is refused
 // with 405), and reports whether one did before done was closed.
-func registryLocked(t *testing.T, done <-chan struct{}) bool {
-	conn, err := amqp.Dial(broker.URL)
+func (p place) registryLocked(t *testing.T, done <-chan struct{}) bool {
+	conn, err := amqp.Dial(string(p))
 	if err != nil {
 		t.Error(err)
 		return false

@@ -68,6 +68,7 @@ func TestInvalidConfigFields(t *testing.T) {
 // young or old, and never listed; a young entry of a valid name without a
 // semaphore stays (its Init may still be creating it).
 func TestRegistryDropsJunk(t *testing.T) {
+	p := ownPlace(t)
 	marker := ids.New()
 	young := "young-" + marker[:8]
 	junk := [][]byte{
@@ -80,21 +81,8 @@ func TestRegistryDropsJunk(t *testing.T) {
 	for i := range 20 {
 		junk = append(junk, []byte(fmt.Sprintf("%s-%d", marker, i)+strings.Repeat("\x00garbage\xff", 10<<10)))
 	}
-	ch := rawChannel(t)
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	for _, body := range junk {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", "tokensem..registry", true, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Body: body})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := dc.WaitContext(t.Context()); !ok || err != nil {
-			t.Fatalf("junk entry confirmed %v: %v", ok, err)
-		}
-	}
-	infos, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0))
+	p.fillRegistry(t, time.Now(), junk...)
+	infos, err := amqpsem.List(semtest.Context(t, time.Minute), p.dial(t))
 	if err != nil {
 		t.Fatalf("list with junk in the registry: %v", err)
 	}
@@ -103,7 +91,7 @@ func TestRegistryDropsJunk(t *testing.T) {
 			t.Errorf("list shows %+v", in)
 		}
 	}
-	left := registryEntries(t)
+	left := p.registryEntries(t)
 	for _, body := range left {
 		if bytes.Contains(body, []byte(marker)) {
 			t.Errorf("the registry still holds %.40q after a List", body)
@@ -117,7 +105,7 @@ func TestRegistryDropsJunk(t *testing.T) {
 		t.Errorf("a List dropped the young entry of %s, whose Init may still be creating it", young)
 	}
 	// Not kept for the next test run: taken out now.
-	dropRegistryEntries(t, func(body []byte) bool { return bytes.Contains(body, []byte(young)) })
+	p.dropRegistryEntries(t, func(body []byte) bool { return bytes.Contains(body, []byte(young)) })
 }
 
 // TestListDropsEveryJunkEntry: one List drops every junk entry of the
@@ -125,51 +113,43 @@ func TestRegistryDropsJunk(t *testing.T) {
 // quorum queue's channel still holds back when the channel closes; a List
 // that acked its junk and closed left up to 254 of 300 (see ackEntries).
 func TestListDropsEveryJunkEntry(t *testing.T) {
+	p := ownPlace(t)
 	marker := ids.New()
-	ch := rawChannel(t)
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
 	const n = 300
-	for i := range n {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", "tokensem..registry", true, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Body: []byte(fmt.Sprintf("junk %s %d", marker, i))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := dc.WaitContext(t.Context()); !ok || err != nil {
-			t.Fatalf("junk entry confirmed %v: %v", ok, err)
-		}
+	junk := make([][]byte, n)
+	for i := range junk {
+		junk[i] = []byte(fmt.Sprintf("junk %s %d", marker, i))
 	}
-	if _, err := amqpsem.List(semtest.Context(t, time.Minute), dial(t, broker.Addr, 0)); err != nil {
+	p.fillRegistry(t, time.Now(), junk...)
+	if _, err := amqpsem.List(semtest.Context(t, time.Minute), p.dial(t)); err != nil {
 		t.Fatal(err)
 	}
 	left := 0
-	for _, body := range registryEntries(t) {
+	for _, body := range p.registryEntries(t) {
 		if bytes.Contains(body, []byte(marker)) {
 			left++
 		}
 	}
 	if left > 0 {
 		t.Errorf("%d of %d junk entries left after a List", left, n)
-		dropRegistryEntries(t, func(body []byte) bool { return bytes.Contains(body, []byte(marker)) })
+		p.dropRegistryEntries(t, func(body []byte) bool { return bytes.Contains(body, []byte(marker)) })
 	}
 }
 
-// registryEntries reads every registry entry under the registry's lock, as
+// registryEntries reads every registry entry of p under the registry's lock, as
 // List does, and puts them back.
-func registryEntries(t *testing.T) [][]byte {
+func (p place) registryEntries(t *testing.T) [][]byte {
 	var out [][]byte
-	dropRegistryEntries(t, func(body []byte) bool { out = append(out, body); return false })
+	p.dropRegistryEntries(t, func(body []byte) bool { out = append(out, body); return false })
 	return out
 }
 
-// dropRegistryEntries takes the registry's lock (its exclusive lock queue,
+// dropRegistryEntries takes p's registry's lock (its exclusive lock queue,
 // as List does), waits until an earlier reader's entries are back, reads
 // every entry and removes those drop picks.
-func dropRegistryEntries(t *testing.T, drop func([]byte) bool) {
+func (p place) dropRegistryEntries(t *testing.T, drop func([]byte) bool) {
 	t.Helper()
-	conn, err := amqp.Dial(broker.URL)
+	conn, err := amqp.Dial(string(p))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -21,16 +20,6 @@ import (
 	"github.com/tokensem/tokensem/reconciler"
 )
 
-// rabbitctl runs rabbitmqctl (as root, on the broker's host), failing the
-// test if it fails.
-func rabbitctl(t testing.TB, args ...string) {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl %q: %v\n%s", args, err, out)
-	}
-}
-
 // rightsVhost makes a vhost of its own for a test, where guest may do
 // anything, and returns guest's URL for it; a cleanup deletes the vhost
 // and everything in it.
@@ -42,23 +31,7 @@ func rightsVhost(t testing.TB) (vhost, guestURL string) {
 		}
 		t.Skipf("no rabbitmqctl: %v", err)
 	}
-	vhost = "amqp-rights-" + ids.New()[:10]
-	rabbitctl(t, "add_vhost", vhost)
-	t.Cleanup(func() { rabbitctl(t, "delete_vhost", vhost) })
-	rabbitctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-	return vhost, vhostURL(t, vhost, "guest", "guest")
-}
-
-// vhostURL is the broker's URL for user in vhost.
-func vhostURL(t testing.TB, vhost, user, pass string) string {
-	t.Helper()
-	u, err := url.Parse(broker.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(user, pass)
-	u.Path = "/" + vhost
-	return u.String()
+	return makeVhost(t, "amqp-rights-")
 }
 
 // rightsUser makes a user (removed by a cleanup) with permissions p in

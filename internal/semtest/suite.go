@@ -15,11 +15,23 @@ import (
 	"github.com/tokensem/tokensem/driver"
 )
 
-// Run runs the whole conformance suite against b.
+// Run runs the whole conformance suite against b: RunAlone, then
+// RunBeside.
 func Run(t *testing.T, b Backend) {
-	// InvalidConfig measures every byte the process allocates (see
-	// allocated): it runs first, alone.
+	RunAlone(t, b)
+	RunBeside(t, b)
+}
+
+// RunAlone runs the suite's cases that measure every byte the process
+// allocates (see allocated), one after another. Nothing else may run in
+// the test process meanwhile: call it from a test that is not parallel.
+func RunAlone(t *testing.T, b Backend) {
 	t.Run("InvalidConfig", func(t *testing.T) { testInvalidConfig(t, b) })
+}
+
+// RunBeside runs the rest of the suite, its cases side by side. It may
+// run beside the package's other tests (from a parallel test).
+func RunBeside(t *testing.T, b Backend) {
 	tests := []struct {
 		name string
 		fn   func(*testing.T, Backend)
