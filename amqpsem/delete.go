@@ -24,10 +24,10 @@ import (
 // taken while it removes the queues: a holder either makes Delete refuse
 // or never gets its permit (Acquire calls waiting meanwhile return
 // tokensem.ErrNotInitialized once the semaphore is gone). Delete finishes
-// a delete that was cut short; afterwards Init of the same name with other
-// values succeeds. No signing key is needed. A holder of a slot that a
-// shrink retired (index >= permits) is not seen by the check: Delete takes
-// its permit as ForceDelete would.
+// a delete that was cut short, claim queues it left included; afterwards
+// Init of the same name with other values succeeds. No signing key is
+// needed. A holder of a slot that a shrink retired (index >= permits) is
+// not seen by the check: Delete takes its permit as ForceDelete would.
 //
 // A holder whose connection stopped working may believe it holds for W
 // (see WithHeartbeat) after the broker took its permit away. When the
@@ -96,8 +96,14 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 	cfg, err := s.loadConfig(ctx)
 	switch {
 	case errors.Is(err, tokensem.ErrNotInitialized):
-		// No configuration: whatever is left of a creation cut short goes.
+		// No configuration: whatever is left of a creation or a delete
+		// cut short goes.
 		found, err := s.deleteQueues(ctx, 0)
+		*removed = *removed || found
+		if err != nil {
+			return err
+		}
+		found, err = s.deleteLeftoverClaims(ctx)
 		*removed = *removed || found
 		if err != nil {
 			return err
@@ -170,14 +176,11 @@ func (s *Semaphore) delete(ctx context.Context, force bool, removed *bool) error
 // configuration. The wait starts over: a deleter that wrote the mark may
 // have died at any point of its own.
 func (s *Semaphore) finishDelete(ctx context.Context, cfg config) error {
-	queues := []string{tokenQueue(s.name)}
-	for i := range cfg.slots() {
-		queues = append(queues, claimQueue(s.name, i))
+	if err := s.deleteQueue(ctx, tokenQueue(s.name)); err != nil {
+		return err
 	}
-	for _, q := range queues {
-		if err := s.deleteQueue(ctx, q); err != nil {
-			return err
-		}
+	if err := s.deleteClaims(ctx, cfg.slots()); err != nil {
+		return err
 	}
 	if err := s.deleteExchange(ctx); err != nil {
 		return err
@@ -363,32 +366,88 @@ func (s *Semaphore) closeSlots(ctx context.Context, slots, refuse int) (release 
 }
 
 // deleteQueues deletes the semaphore's queues, configuration first, and
-// the claim queues of slots [0, slots); found says any of them existed.
-// A claim queue of a slot retired by a shrink that nobody held since is
-// not known here: it is not durable, and goes with its node's next
-// restart.
+// the claim queues of slots [0, slots) (see deleteClaims); found says the
+// configuration or token queue existed. A claim queue of a slot retired
+// by a shrink that nobody held since is not known here: it is not
+// durable, and goes with its node's next restart.
 func (s *Semaphore) deleteQueues(ctx context.Context, slots int) (found bool, err error) {
-	queues := []string{configQueue(s.name), tokenQueue(s.name)}
-	durable := len(queues) // found says whether these existed
-	for i := range slots {
-		queues = append(queues, claimQueue(s.name, i))
-	}
-	for i, q := range queues {
-		if i < durable {
-			exists, err := s.queueExists(ctx, q)
-			if err != nil {
-				return found, err
-			}
-			if !exists {
-				continue
-			}
-			found = true
+	for _, q := range []string{configQueue(s.name), tokenQueue(s.name)} {
+		exists, err := s.queueExists(ctx, q)
+		if err != nil {
+			return found, err
 		}
+		if !exists {
+			continue
+		}
+		found = true
 		if err := s.deleteQueue(ctx, q); err != nil {
 			return found, err
 		}
 	}
+	if err := s.deleteClaims(ctx, slots); err != nil {
+		return found, err
+	}
 	return found, s.deleteExchange(ctx)
+}
+
+// deleteClaims deletes the claim queues of slots [0, slots), the highest
+// first: what a delete cut short leaves of them is slots [0, k), which
+// the next try finds without the configuration (see leftoverClaims).
+func (s *Semaphore) deleteClaims(ctx context.Context, slots int) error {
+	for i := slots - 1; i >= 0; i-- {
+		if err := s.deleteQueue(ctx, claimQueue(s.name, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteLeftoverClaims removes the claim queues a delete cut short left
+// behind its configuration and token queue, which are gone (a delete
+// removes them first): found says there were some. Each is claimed first,
+// as Delete claims a slot. One claimed already belongs to a holder that
+// got the slot's token after the cut and lost it with the token queue; it
+// may still believe it holds (for W, its link stalled), and its claim
+// keeps it out of the name's next life meanwhile, so the claims go only
+// after W and a third (the longest of this Conn's, DefaultHeartbeat's and
+// a configuration an earlier try read, since the stored one is gone).
+func (s *Semaphore) deleteLeftoverClaims(ctx context.Context) (found bool, err error) {
+	slots, err := s.leftoverClaims(ctx)
+	if err != nil || slots == 0 {
+		return false, err
+	}
+	release, held, err := s.closeSlots(ctx, slots, 0)
+	if err != nil {
+		return true, err
+	}
+	defer release()
+	if len(held) > 0 {
+		seen := s.config() // zero unless an earlier try read one
+		wait := config{HoldBoundMS: max(seen.holdBound(), s.c.holdBound(), holdBoundOf(DefaultHeartbeat)).Milliseconds()}.holdWait()
+		s.log.Info("deleting claim queues left by a delete cut short: a slot is held; waiting for its holder", "held", held, "wait", wait)
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return true, err
+		}
+	}
+	return true, s.deleteClaims(ctx, slots)
+}
+
+// leftoverClaims returns how many claim queues, from slot 0 up, exist
+// (one under quarantine counts): one passive declare when there is none.
+// A gap (a claim queue gone with its node) hides the rest, which go with
+// their nodes' next restarts.
+func (s *Semaphore) leftoverClaims(ctx context.Context) (int, error) {
+	for i := 0; i < tokensem.MaxPermits; i++ {
+		exists, err := s.queueExists(ctx, claimQueue(s.name, i))
+		switch {
+		case isCode(err, amqp.ResourceLocked): // a quarantine holds it: it exists
+		case err != nil:
+			return 0, err
+		case !exists:
+			return i, nil
+		}
+	}
+	return tokensem.MaxPermits, nil
 }
 
 // deleteExchange deletes the semaphore's exchange (see bind); one that

@@ -23,7 +23,9 @@ import (
 // next connection, within its context, instead of failing. The drops here
 // are the watchdog's own (the holders told, then the socket closed), at
 // random moments while the calls run; rounds go on until drops have cut a
-// few calls short. It runs beside others: the drops are of its own Conn.
+// few calls short. A Delete that returned, and the cleanup, leave nothing
+// of their semaphores on the broker. It runs beside others: the drops are
+// of its own Conn.
 func TestLifecycleRidesOverDroppedConnections(t *testing.T) {
 	t.Parallel()
 	b := rabbittest.Need(t)
@@ -36,6 +38,7 @@ func TestLifecycleRidesOverDroppedConnections(t *testing.T) {
 	}
 	defer c.Close()
 	prefix := fmt.Sprintf("redial-%d-", time.Now().UnixNano())
+	const permits = 3
 	var names []string
 	defer func() {
 		fc, err := Dial(context.Background(), b.URL)
@@ -48,6 +51,7 @@ func TestLifecycleRidesOverDroppedConnections(t *testing.T) {
 			if err := ForceDelete(context.Background(), fc, n); err != nil && !errors.Is(err, tokensem.ErrNotInitialized) {
 				t.Errorf("cleanup %s: %v", n, err)
 			}
+			nothingLeft(t, b.URL, n, permits)
 		}
 	}()
 
@@ -88,7 +92,7 @@ func TestLifecycleRidesOverDroppedConnections(t *testing.T) {
 	// A round takes a few hundred milliseconds, and the drops cut one call
 	// in four short, measured: 40 rounds leave a run with none a chance
 	// of about 1 in 10^4.
-	const maxRounds, permits = 60, 3
+	const maxRounds = 60
 	for i := 0; i < maxRounds && retries.n.Load() < 3; i++ {
 		name := prefix + fmt.Sprint(i)
 		names = append(names, name)
@@ -120,9 +124,10 @@ func TestLifecycleRidesOverDroppedConnections(t *testing.T) {
 	}
 
 	// What was made is whole: every permit of a semaphore that was not
-	// deleted is there and free.
+	// deleted is there and free. What was deleted is gone, all of it.
 	for i, name := range names {
 		if i%2 == 0 {
+			nothingLeft(t, b.URL, name, permits)
 			continue
 		}
 		s, err := Open(ctx, c, name)
