@@ -99,7 +99,9 @@ func noPermitInTime(ctx context.Context, err error) bool {
 // Acquire error, fn's error, and, if the permit was lost while fn ran, an
 // error wrapping ErrLeaseLost (joined with fn's error), in that order of
 // precedence. fn should stop touching the protected resource as soon as its
-// ctx is done.
+// ctx is done. Do reports how long fn ran, and whether its error wraps
+// ErrOverload, to the semaphore's Observer (see ReportUse), which an
+// adaptive limit reads.
 //
 // By default Do waits for a permit until ctx ends. WithWait gives the wait a
 // budget, after which Do returns an error wrapping ErrNoPermit; WithFallback
@@ -140,7 +142,11 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error, op
 		case <-stop:
 		}
 	}()
+	start := time.Now()
 	ferr := fn(fctx)
+	if r, ok := p.(UseReporter); ok {
+		r.ReportUse(time.Since(start), errors.Is(ferr, ErrOverload))
+	}
 	close(stop)
 	<-watched
 	cancel(nil)

@@ -50,4 +50,11 @@ type Event struct {
 	Wait      time.Duration // EventAcquire: time spent in the call
 	Held      time.Duration // EventRelease, EventLost
 	Err       error         // EventAcquire (unless acquired), EventLost, EventRenew
+
+	// Use is how long the holder's use of the permit took, as it reported
+	// it (see ReportUse; Do reports fn's run), else Held; Overload says
+	// that the holder reported the protected resource overloaded.
+	// EventRelease, EventLost.
+	Use      time.Duration
+	Overload bool
 }

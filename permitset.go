@@ -119,6 +119,14 @@ func (ps *PermitSet) releaseAll(ctx context.Context, skip int) error {
 	return errors.Join(errs...)
 }
 
+// ReportUse records how the holder's use of the set went on each of its
+// permits (see ReportUse): a use of k permits at once is k uses.
+func (ps *PermitSet) ReportUse(took time.Duration, overloaded bool) {
+	for _, p := range ps.permits {
+		ReportUse(p, took, overloaded)
+	}
+}
+
 // Permits returns the permits of the set in its order. They belong to the
 // set: read them, do not release them one by one (that loses the set).
 func (ps *PermitSet) Permits() []Permit { return append([]Permit(nil), ps.permits...) }

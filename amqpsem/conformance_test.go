@@ -53,6 +53,9 @@ func amqpOptions(o semtest.Options) []amqpsem.Option {
 	if o.Logger != nil {
 		opts = append(opts, amqpsem.WithLogger(o.Logger))
 	}
+	if o.Observer != nil {
+		opts = append(opts, amqpsem.WithObserver(o.Observer))
+	}
 	return opts
 }
 

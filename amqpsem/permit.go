@@ -96,6 +96,10 @@ func (p *Permit) Done() <-chan struct{} { return p.life.Done() }
 // tokensem.ErrLeaseLost after a loss.
 func (p *Permit) Err() error { return p.life.Err() }
 
+// ReportUse records how the holder's use of the permit went, for the
+// Observer's EventRelease or EventLost (see tokensem.ReportUse).
+func (p *Permit) ReportUse(took time.Duration, overloaded bool) { p.life.ReportUse(took, overloaded) }
+
 func (p *Permit) lose(cause error) {
 	if p.life.Lose(p.tok, cause) {
 		p.s.unreserve(p.tok.Index)

@@ -45,6 +45,9 @@ func natsOptions(o semtest.Options, extra []natssem.Option) []natssem.Option {
 	if o.Logger != nil {
 		opts = append(opts, natssem.WithLogger(o.Logger))
 	}
+	if o.Observer != nil {
+		opts = append(opts, natssem.WithObserver(o.Observer))
+	}
 	return opts
 }
 

@@ -100,7 +100,9 @@ func WithLease(d time.Duration) Option {
 func WithKey(key []byte) Option { return common(semopts.WithKey(key)) }
 
 // WithObserver reports this client's acquisitions, releases, losses and
-// renewals to o, for metrics (see package semmetrics). Default: none.
+// renewals to o, for metrics (see package semmetrics) or an adaptive limit
+// (see package adaptive). Given more than once, each observer sees every
+// event, in the order given. Default: none.
 func WithObserver(o tokensem.Observer) Option { return common(semopts.WithObserver(o)) }
 
 // WithLogger sets the logger (default: discard).

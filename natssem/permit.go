@@ -79,6 +79,10 @@ func (p *Permit) Done() <-chan struct{} { return p.life.Done() }
 // tokensem.ErrLeaseLost with its cause after a loss.
 func (p *Permit) Err() error { return p.life.Err() }
 
+// ReportUse records how the holder's use of the permit went, for the
+// Observer's EventRelease or EventLost (see tokensem.ReportUse).
+func (p *Permit) ReportUse(took time.Duration, overloaded bool) { p.life.ReportUse(took, overloaded) }
+
 // Token returns the held token.
 func (p *Permit) Token() tokensem.Token { return p.d.tok }
 

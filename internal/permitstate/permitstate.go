@@ -27,6 +27,9 @@ type State struct {
 	obs     tokensem.Observer // nil: none
 	event   tokensem.Event    // Semaphore and Permits, for obs
 	started time.Time
+
+	use      time.Duration // reported by the holder (ReportUse); 0: none
+	overload bool
 }
 
 // New returns the state of a freshly held permit of semaphore name (of
@@ -44,7 +47,24 @@ func (s *State) observe(kind tokensem.EventKind, err error) {
 	}
 	e := s.event
 	e.Kind, e.Held, e.Err = kind, time.Since(s.started), err
+	s.mu.Lock()
+	e.Use, e.Overload = s.use, s.overload
+	s.mu.Unlock()
+	if e.Use <= 0 {
+		e.Use = e.Held
+	}
 	s.obs.Observe(e)
+}
+
+// ReportUse records how the holder's use of the permit went, for the
+// event that ends it (see tokensem.ReportUse). A report after the end
+// changes nothing.
+func (s *State) ReportUse(took time.Duration, overloaded bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.phase == held || s.phase == releasing {
+		s.use, s.overload = took, overloaded
+	}
 }
 
 // Done is closed once the permit is released or lost.

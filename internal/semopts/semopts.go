@@ -75,14 +75,31 @@ func WithRequestTimeout(d time.Duration) Option {
 	}
 }
 
-// WithObserver sets an Observer of this client's permits.
+// WithObserver adds an Observer of this client's permits: given more than
+// once, each observer sees every event, in the order given.
 func WithObserver(obs tokensem.Observer) Option {
 	return func(o *Options) error {
 		if obs == nil {
 			return fmt.Errorf("%w: nil observer", tokensem.ErrInvalidOption)
 		}
-		o.Observer = obs
+		switch cur := o.Observer.(type) {
+		case nil:
+			o.Observer = obs
+		case observers:
+			o.Observer = append(cur[:len(cur):len(cur)], obs)
+		default:
+			o.Observer = observers{cur, obs}
+		}
 		return nil
+	}
+}
+
+// observers are several Observers of one client, called in order.
+type observers []tokensem.Observer
+
+func (os observers) Observe(e tokensem.Event) {
+	for _, o := range os {
+		o.Observe(e)
 	}
 }
 

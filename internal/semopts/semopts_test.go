@@ -136,3 +136,28 @@ func TestWithKeyCopies(t *testing.T) {
 		t.Errorf("two applications of one WithKey share storage: Options.Key = %q", o.Key)
 	}
 }
+
+// countObserver counts the events it sees.
+type countObserver struct{ n *int }
+
+func (c countObserver) Observe(tokensem.Event) { *c.n++ }
+
+// TestWithObserverAdds: WithObserver given more than once adds observers
+// (semmetrics beside an adaptive window); each sees every event, in order.
+func TestWithObserverAdds(t *testing.T) {
+	var a, b, c int
+	o := semopts.Defaults()
+	for _, obs := range []tokensem.Observer{countObserver{&a}, countObserver{&b}, countObserver{&c}} {
+		if err := semopts.WithObserver(obs)(&o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := semopts.WithObserver(nil)(&o); !errors.Is(err, tokensem.ErrInvalidOption) {
+		t.Errorf("nil observer: %v, want ErrInvalidOption", err)
+	}
+	o.Observer.Observe(tokensem.Event{Kind: tokensem.EventRelease})
+	o.Observer.Observe(tokensem.Event{Kind: tokensem.EventRelease})
+	if a != 2 || b != 2 || c != 2 {
+		t.Errorf("three observers saw %d, %d and %d of 2 events", a, b, c)
+	}
+}

@@ -53,6 +53,9 @@ type Options struct {
 	// default). A backend must pass it to the semaphore: the suite reads
 	// it (see ReissueMessage).
 	Logger *slog.Logger
+	// Observer receives the semaphore's events (nil: none); a backend must
+	// pass it to the semaphore (see testUseReports).
+	Observer tokensem.Observer
 }
 
 // Meter counts concurrent holders as observed by the holders themselves: it

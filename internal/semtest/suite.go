@@ -71,6 +71,7 @@ func RunBeside(t *testing.T, b Backend) {
 		{"AcquireAll", testAcquireAll},
 		{"Blocks", testBlocks},
 		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
+		{"UseReports", testUseReports},
 	}
 	cases := make([]subtest, len(tests))
 	for i, tc := range tests {
