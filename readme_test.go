@@ -80,6 +80,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/httpsem"
 	"github.com/tokensem/tokensem/natssem"
@@ -112,5 +113,6 @@ var (
 	_ = semgroup.New
 	_ = semmetrics.New
 	_ = natssem.Open
+	_ = adaptive.NewWindow
 )
 `

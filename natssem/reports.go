@@ -1,0 +1,56 @@
+package natssem
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokensem/tokensem/adaptive"
+)
+
+// reportSubject is the core NATS subject of the semaphore's adaptive
+// reports (package adaptive), beside its tokens' subject: no stream stores
+// it, so a report no controller hears is gone, and the next window's
+// follows.
+func (l layout) reportSubject() string { return strings.TrimSuffix(l.subject, ".tokens") + ".reports" }
+
+// PublishReport sends r, this process's adaptive report of one window, to
+// the semaphore's controller (adaptive.Controller) over core NATS: one
+// small message, no JetStream round trip. It needs publish permission on
+// the semaphore's report subject (tokensem.<name>.reports, or
+// tokensemg.<group>.<name>.reports in a group).
+func (s *Semaphore) PublishReport(r adaptive.Report) error {
+	if err := s.nc.Publish(s.lay.reportSubject(), adaptive.EncodeReport(r)); err != nil {
+		return fmt.Errorf("publish an adaptive report: %w", wrapBrokerErr(err))
+	}
+	return nil
+}
+
+// SubscribeReports delivers the semaphore's adaptive reports, those of
+// every process of the fleet, on out for a controller, until stop is
+// called. A report that does not decode (adaptive.DecodeReport) is dropped
+// with a warning; one that finds out full is dropped (the controller
+// reads once a window, and the next window's reports follow). It needs
+// subscribe permission on the report subject.
+func (s *Semaphore) SubscribeReports(out chan<- adaptive.Report) (stop func(), err error) {
+	sub, err := s.nc.Subscribe(s.lay.reportSubject(), func(m *nats.Msg) {
+		r, err := adaptive.DecodeReport(m.Data)
+		if err != nil {
+			s.log.Warn("dropping an adaptive report", "semaphore", s.name, "error", err)
+			return
+		}
+		select {
+		case out <- r:
+		default:
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to adaptive reports: %w", wrapBrokerErr(err))
+	}
+	if err := s.nc.FlushTimeout(s.opts.RequestTimeout); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("subscribe to adaptive reports: %w", wrapBrokerErr(err))
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}
