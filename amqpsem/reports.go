@@ -1,0 +1,155 @@
+package amqpsem
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
+)
+
+// reportKey is the routing key of the semaphore's adaptive reports
+// (package adaptive) on its exchange: a controller's queue of its own is
+// bound with it; no other queue is, so a report no controller hears is
+// dropped, and the next window's follows.
+func reportKey(name string) string { return "tokensem." + name + ".reports" }
+
+// A controller's report queue keeps at most reportQueueLen reports and
+// reportQueueBytes bytes, dropping the oldest (and one larger than that
+// at once): a flood of reports, or one huge forged report, costs the
+// controller neither broker memory nor its own.
+const (
+	reportQueueLen   = 1000
+	reportQueueBytes = 256 << 10
+)
+
+// PublishReport sends r, this process's adaptive report of one window, to
+// the semaphore's controller (adaptive.Controller): one small transient
+// message on the semaphore's exchange, routed by reportKey. It needs write
+// permission on the exchange (tokensem.<name>.x), as a holder has.
+func (s *Semaphore) PublishReport(r adaptive.Report) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
+	defer cancel()
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	err = s.c.rpc(ctx, ch, func() error {
+		return ch.PublishWithContext(ctx, exchangeName(s.name), reportKey(s.name), false, false,
+			amqp.Publishing{ContentType: "application/json", Body: adaptive.EncodeReport(r)})
+	}, nil)
+	return wrapBrokerErr("publish an adaptive report", err)
+}
+
+// SubscribeReports delivers the semaphore's adaptive reports, those of
+// every process of the fleet, on out for a controller, until stop is
+// called: through a queue of its own (exclusive, deleted with its
+// channel) bound to the semaphore's exchange, made again after the
+// connection comes back. A report that does not decode
+// (adaptive.DecodeReport) is dropped with a warning; one that finds out
+// full is dropped (the controller reads once a window, and the next
+// window's reports follow). It needs configure, write and read permission
+// on server-named queues (amq.gen-*) and read permission on the exchange.
+func (s *Semaphore) SubscribeReports(out chan<- adaptive.Report) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.consumeReports(ctx, out, first)
+	}()
+	if err := <-first; err != nil {
+		cancel()
+		<-done
+		return nil, err
+	}
+	return func() { cancel(); <-done }, nil
+}
+
+// consumeReports hands reports on until ctx ends, consuming again after a
+// lost connection, until ctx ends or the Conn is closed; the first
+// consume's error goes to first.
+func (s *Semaphore) consumeReports(ctx context.Context, out chan<- adaptive.Report, first chan<- error) {
+	for {
+		ch, deliveries, err := s.reportConsumer(ctx)
+		if first != nil {
+			first <- err
+			if err != nil {
+				return
+			}
+			first = nil
+		}
+		switch {
+		case err == nil:
+			s.forwardReports(ctx, deliveries, out)
+			_ = ch.Close()
+		case errors.Is(err, tokensem.ErrClosed):
+			return
+		case ctx.Err() == nil:
+			s.log.Warn("consuming adaptive reports failed; trying again", "semaphore", s.name, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// reportConsumer declares a report queue of this subscriber's own, binds
+// it, and consumes it.
+func (s *Semaphore) reportConsumer(ctx context.Context) (*channel, <-chan amqp.Delivery, error) {
+	ch, _, err := s.c.channel(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	var deliveries <-chan amqp.Delivery
+	err = s.c.rpc(rctx, ch, func() error {
+		q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{
+			"x-queue-type": "classic", "x-max-length": int64(reportQueueLen), "x-max-length-bytes": int64(reportQueueBytes),
+		})
+		if err != nil {
+			return err
+		}
+		if err := ch.QueueBind(q.Name, reportKey(s.name), exchangeName(s.name), false, nil); err != nil {
+			return err
+		}
+		deliveries, err = ch.Consume(q.Name, "", true, true, false, false, nil)
+		return err
+	}, nil)
+	if err != nil {
+		_ = ch.Close()
+		return nil, nil, wrapBrokerErr("subscribe to adaptive reports", err)
+	}
+	return ch, deliveries, nil
+}
+
+// forwardReports hands decoded reports on until ctx ends or the
+// deliveries stop (the channel or connection closed).
+func (s *Semaphore) forwardReports(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- adaptive.Report) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			r, err := adaptive.DecodeReport(d.Body)
+			if err != nil {
+				s.log.Warn("dropping an adaptive report", "semaphore", s.name, "error", err)
+				continue
+			}
+			select {
+			case out <- r:
+			default:
+			}
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package amqpsem_test
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tokensem/tokensem/adaptive"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/faultproxy"
+	"github.com/tokensem/tokensem/internal/semtest"
+)
+
+// TestReportsReachTheController: a report a holder publishes reaches the
+// subscriber of its semaphore only (not another semaphore's); junk on the
+// report key, a huge forged report included, is dropped, not handed on;
+// and the subscription comes back after its connection is cut.
+func TestReportsReachTheController(t *testing.T) {
+	t.Parallel()
+	ctx := semtest.Context(t, time.Minute)
+	a, b := name(t)+"-a", name(t)+"-b"
+	pa, pb := initAMQP(t, a, 2), initAMQP(t, b, 2)
+	px, err := faultproxy.New(broker.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	sub, err := amqpsem.Open(ctx, dial(t, px.Addr(), 0), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	got := make(chan adaptive.Report, 8)
+	stop, err := sub.SubscribeReports(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	ch := rawChannel(t)
+	for _, junk := range [][]byte{[]byte("junk"), []byte(`{"from":"x","holds":-1}`), bytes.Repeat([]byte("x"), 1<<20)} {
+		if err := ch.PublishWithContext(ctx, "tokensem."+a+".x", "tokensem."+a+".reports", false, false, amqp.Publishing{Body: junk}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, InFlight: 1, RTT: time.Millisecond, Holds: 4, Drops: 1}}
+	if err := pb.PublishReport(adaptive.Report{From: "b", Sample: adaptive.Sample{Limit: 2, Holds: 9}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pa.PublishReport(want); err != nil {
+		t.Fatal(err)
+	}
+	receive := func(what string) {
+		t.Helper()
+		select {
+		case r := <-got:
+			if r != want {
+				t.Fatalf("%s: received %+v, want %+v (junk or another semaphore's report came through)", what, r, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: the report never came", what)
+		}
+	}
+	receive("first")
+	select {
+	case r := <-got:
+		t.Fatalf("a second report came: %+v", r)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	// The subscriber's connection is cut: it consumes again once it is
+	// back. Reports published meanwhile may be lost; one comes through.
+	px.Cut()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := pa.PublishReport(want); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-got:
+			if r != want {
+				t.Fatalf("after the cut: received %+v, want %+v", r, want)
+			}
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no report came in 30 s after the subscriber's connection was cut")
+		}
+	}
+}
