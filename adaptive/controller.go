@@ -37,8 +37,8 @@ type Decision struct {
 // never more than max(old, new) valid holders while clients learn the new
 // count. A leader that dies while it resizes leaves the semaphore's admin
 // lock held until the lock expires (natssem: 15 s): the next leader's
-// resizes fail until then (each bounded, see resizeWindows), and the
-// count stays. A leader whose permit is lost stops deciding at once; one
+// first resize waits for it (each resize is bounded, see resizeWindows),
+// and the count stays meanwhile. A leader whose permit is lost stops deciding at once; one
 // whose resize was under way at that moment may still land it. Fill in
 // the fields, then call Run.
 type Controller struct {
@@ -69,13 +69,15 @@ type Controller struct {
 	Logger *slog.Logger
 }
 
-// A resize may take resizeWindows windows, and at least minResizeWait:
-// one that waits longer (for the semaphore's admin lock, which a leader
-// that died while resizing holds until it expires) fails, the count stays,
-// and the next window decides again.
+// A resize may take resizeWindows windows, and at least minResizeWait: a
+// resize waits for the semaphore's admin lock (which a leader that died
+// while resizing holds until it expires: natssem 15 s), and its repair
+// may wait for a holder's bound before it issues a token (amqpsem: W and
+// a third, 10 s by default). One that takes longer fails, the count
+// stays, and the next window decides again.
 const (
 	resizeWindows = 5
-	minResizeWait = 2 * time.Second
+	minResizeWait = 30 * time.Second
 )
 
 // ErrNotLeading is returned by a lead that ended because the leader's

@@ -72,6 +72,7 @@ func RunBeside(t *testing.T, b Backend) {
 		{"Blocks", testBlocks},
 		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
 		{"UseReports", testUseReports},
+		{"AdaptiveController", testAdaptiveController},
 	}
 	cases := make([]subtest, len(tests))
 	for i, tc := range tests {
