@@ -38,9 +38,13 @@ type Decision struct {
 // count. A leader that dies while it resizes leaves the semaphore's admin
 // lock held until the lock expires (natssem: 15 s): the next leader's
 // first resize waits for it (each resize is bounded, see resizeWindows),
-// and the count stays meanwhile. A leader whose permit is lost stops deciding at once; one
-// whose resize was under way at that moment may still land it. Fill in
-// the fields, then call Run.
+// and the count stays meanwhile. A leader stops deciding once its permit
+// is lost, and a resize it has under way is cancelled then (a leased
+// permit is lost when its lease runs out unrenewed, before another
+// controller can take it): the cancelled resize may still have written
+// the count (its repair ends later), which the next leader reads. Two leaders can overlap by as long
+// as a resize takes to notice its cancellation; no write is fenced by the
+// lead. Fill in the fields, then call Run.
 type Controller struct {
 	// Leader is a one-permit semaphore beside the controlled one: whoever
 	// holds its permit leads.
@@ -101,8 +105,8 @@ func (c *Controller) check() error {
 // again, until ctx ends; it returns ctx.Err(), at once an error wrapping
 // tokensem.ErrInvalidOption for a controller missing a field, or an error
 // of the wait to lead that waiting again cannot mend (the leader closed,
-// not initialized, permission denied). Other errors are logged and tried
-// again a window later.
+// not initialized, permission denied), or when Reports is closed. Other
+// errors are logged and tried again a window later.
 func (c *Controller) Run(ctx context.Context) error {
 	if err := c.check(); err != nil {
 		return err
@@ -136,6 +140,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case errors.Is(err, errReportsClosed):
+			return err
 		case errors.Is(err, ErrNotLeading):
 			log.Warn("adaptive: lost the lead; the count stays until a controller leads", "error", p.Err())
 		default: // the count could not be read: another may lead meanwhile
@@ -150,14 +156,16 @@ func (c *Controller) Run(ctx context.Context) error {
 
 func (c *Controller) window() time.Duration {
 	if c.Window == 0 {
-		return time.Second
+		return DefaultWindow
 	}
 	return c.Window
 }
 
 // lead decides once a window until ctx ends or p is lost.
 func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logger) error {
-	c.drain() // reports of windows before this lead
+	if _, ok := c.drain(); !ok { // reports of windows before this lead
+		return errReportsClosed
+	}
 	cur, err := c.Permits(ctx)
 	if err != nil {
 		log.Warn("adaptive: reading the count failed; leaving the lead", "error", err)
@@ -173,7 +181,10 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 		case <-p.Done():
 			return ErrNotLeading
 		case now := <-tick.C:
-			reports := c.drain()
+			reports, ok := c.drain()
+			if !ok {
+				return errReportsClosed
+			}
 			if len(reports) == 0 {
 				continue // nobody held: nothing to learn
 			}
@@ -181,21 +192,22 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 			s.Limit = cur // what the count was, whatever a client still believed
 			d := Decision{At: now, Sample: s, From: cur, To: c.Bounds.Apply(cur, c.Algorithm.Next(s)), Reports: len(reports)}
 			if d.To != cur {
-				// The lead must still be ours: a controller that lost it
-				// does not resize.
-				select {
-				case <-p.Done():
-					return ErrNotLeading
-				default:
-				}
-				rctx, cancel := context.WithTimeout(ctx, max(minResizeWait, resizeWindows*c.window()))
-				d.Err = c.Resize(rctx, d.To)
-				cancel()
+				d.Err = c.resize(ctx, p, d.To)
 				if d.Err != nil {
-					log.Warn("adaptive: resize failed; the count stays", "from", cur, "to", d.To, "error", d.Err)
+					log.Warn("adaptive: resize failed", "from", cur, "to", d.To, "error", d.Err)
+					// It may have written the count before it failed:
+					// decide from what the broker has.
+					if n, err := c.Permits(ctx); err == nil {
+						cur = n
+					}
 				} else {
 					log.Info("adaptive: resized", "from", cur, "to", d.To, "rtt", s.RTT, "holds", s.Holds, "drops", s.Drops, "in_flight", s.InFlight)
 					cur = d.To
+				}
+				// The reports that came during the resize describe the
+				// count before it.
+				if _, ok := c.drain(); !ok {
+					return errReportsClosed
 				}
 			}
 			if c.Decided != nil {
@@ -205,15 +217,56 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 	}
 }
 
-// drain returns the reports queued now.
-func (c *Controller) drain() []Report {
+// resize resizes to n while p, the lead, is held: not at all once p is
+// lost, and a resize under way is cancelled when p is lost (a leased
+// permit is lost, and told so, when its lease runs out unrenewed: before
+// another controller can take it). It is bounded by resizeWindows windows
+// and at least minResizeWait.
+func (c *Controller) resize(ctx context.Context, p tokensem.Permit, n int) error {
+	rctx, cancel := context.WithTimeoutCause(ctx, max(minResizeWait, resizeWindows*c.window()), errResizeTimeout)
+	defer cancel()
+	rctx, cancelLost := context.WithCancelCause(rctx)
+	defer cancelLost(nil)
+	go func() {
+		select {
+		case <-p.Done():
+			cancelLost(ErrNotLeading)
+		case <-rctx.Done():
+		}
+	}()
+	select {
+	case <-p.Done():
+		return ErrNotLeading
+	default:
+	}
+	if err := c.Resize(rctx, n); err != nil {
+		if cause := context.Cause(rctx); cause != nil && rctx.Err() != nil {
+			return fmt.Errorf("%w (%w)", cause, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// errReportsClosed ends a lead whose Reports channel was closed.
+var errReportsClosed = errors.New("adaptive: the reports channel was closed")
+
+// errResizeTimeout is the cause of a resize that outlasted its bound.
+var errResizeTimeout = errors.New("adaptive: the resize took too long")
+
+// drain returns the reports queued now; ok is false once the channel is
+// closed.
+func (c *Controller) drain() (_ []Report, ok bool) {
 	var out []Report
 	for {
 		select {
-		case r := <-c.Reports:
+		case r, ok := <-c.Reports:
+			if !ok {
+				return out, false
+			}
 			out = append(out, r)
 		default:
-			return out
+			return out, true
 		}
 	}
 }
@@ -225,20 +278,20 @@ func (c *Controller) drain() []Report {
 func merge(reports []Report) Sample {
 	peaks := map[string]int{}
 	var m Sample
-	var use time.Duration
+	var use float64 // in nanoseconds: a sum of RTT × holds overflows int64
 	for _, r := range reports {
 		s := r.Sample
 		peaks[r.From] = max(peaks[r.From], s.InFlight)
 		m.Limit = max(m.Limit, s.Limit)
 		m.Holds += s.Holds
 		m.Drops += s.Drops
-		use += s.RTT * time.Duration(s.Holds)
+		use += float64(s.RTT) * float64(s.Holds)
 	}
 	for _, p := range peaks {
 		m.InFlight += p
 	}
 	if m.Holds > 0 {
-		m.RTT = use / time.Duration(m.Holds)
+		m.RTT = time.Duration(use / float64(m.Holds))
 	}
 	return m
 }

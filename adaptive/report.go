@@ -3,6 +3,7 @@ package adaptive
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -59,13 +60,27 @@ func DecodeReport(b []byte) (Report, error) {
 	return Report{From: w.From, Sample: Sample{Limit: w.Limit, InFlight: w.InFlight, RTT: rtt, Holds: w.Holds, Drops: w.Drops}}, nil
 }
 
-// Publish sends w's sample as from's report every window until ctx ends,
-// through send (a backend's report channel); a window in which this
-// process neither held nor ended a hold sends nothing. A failed send is
-// dropped (the next window's report follows). It returns ctx.Err().
-func Publish(ctx context.Context, w *Window, from string, window time.Duration, send func(Report) error) error {
-	if window <= 0 {
-		window = time.Second
+// DefaultWindow is the window of Publish and Controller when none is
+// given.
+const DefaultWindow = time.Second
+
+// Publish sends w's sample as from's report every window (0:
+// DefaultWindow) until ctx ends, through send (a backend's PublishReport);
+// a window in which this process neither held nor ended a hold sends
+// nothing. A send that fails for a reason the next window may not have
+// (a broker error) is dropped, and the next window's report follows; one
+// refused for good ends Publish. It returns ctx.Err(), an error wrapping
+// tokensem.ErrInvalidOption (from empty or longer than 128 bytes, a
+// negative window) at once, or the send's tokensem.ErrClosed or
+// tokensem.ErrPermissionDenied.
+func Publish(ctx context.Context, w *Window, from string, window time.Duration, send func(context.Context, Report) error) error {
+	switch {
+	case from == "" || len(from) > maxFromLen:
+		return fmt.Errorf("%w: a report's sender %q: want 1 to %d bytes", tokensem.ErrInvalidOption, from[:min(len(from), 32)], maxFromLen)
+	case window < 0:
+		return fmt.Errorf("%w: window %v", tokensem.ErrInvalidOption, window)
+	case window == 0:
+		window = DefaultWindow
 	}
 	tick := time.NewTicker(window)
 	defer tick.Stop()
@@ -78,7 +93,10 @@ func Publish(ctx context.Context, w *Window, from string, window time.Duration, 
 			if s.Holds == 0 && s.InFlight == 0 {
 				continue
 			}
-			_ = send(Report{From: from, Sample: s})
+			err := send(ctx, Report{From: from, Sample: s})
+			if errors.Is(err, tokensem.ErrClosed) || errors.Is(err, tokensem.ErrPermissionDenied) {
+				return err
+			}
 		}
 	}
 }

@@ -17,7 +17,7 @@ type Window struct {
 
 	mu       sync.Mutex
 	limit    int
-	inFlight int // permits held now, as this process saw them taken
+	inFlight int // permits held now, as this process saw them taken and end (briefly -1: see Observe)
 	peak     int // the most held at once in this window
 	holds    int
 	drops    int
@@ -45,7 +45,10 @@ func (w *Window) Observe(e tokensem.Event) {
 			w.peak = max(w.peak, w.inFlight)
 		}
 	case tokensem.EventRelease, tokensem.EventLost:
-		w.inFlight = max(0, w.inFlight-1)
+		// Not clamped at 0: a permit lost before its Acquire returned
+		// (natssem, when the claim outlasted the lease) ends before it
+		// is observed taken, and the two must still cancel out.
+		w.inFlight--
 		w.holds++
 		w.use += e.Use
 		if e.Overload {
@@ -64,6 +67,6 @@ func (w *Window) Take() Sample {
 	if w.holds > 0 {
 		s.RTT = w.use / time.Duration(w.holds)
 	}
-	w.peak, w.holds, w.drops, w.use = w.inFlight, 0, 0, 0
+	w.peak, w.holds, w.drops, w.use = max(0, w.inFlight), 0, 0, 0
 	return s
 }

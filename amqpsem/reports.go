@@ -24,14 +24,20 @@ func reportKey(name string) string { return "tokensem." + name + ".reports" }
 const (
 	reportQueueLen   = 1000
 	reportQueueBytes = 256 << 10
+	reportPrefetch   = 64
 )
 
 // PublishReport sends r, this process's adaptive report of one window, to
 // the semaphore's controller (adaptive.Controller): one small transient
 // message on the semaphore's exchange, routed by reportKey. It needs write
 // permission on the exchange (tokensem.<name>.x), as a holder has.
-func (s *Semaphore) PublishReport(r adaptive.Report) error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
+//
+// Errors: tokensem.ErrClosed, ctx.Err(), or a wrapped broker error.
+func (s *Semaphore) PublishReport(ctx context.Context, r adaptive.Report) error {
+	if s.isClosed() {
+		return tokensem.ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 	defer cancel()
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
@@ -54,18 +60,31 @@ func (s *Semaphore) PublishReport(r adaptive.Report) error {
 // full is dropped (the controller reads once a window, and the next
 // window's reports follow). It needs configure, write and read permission
 // on server-named queues (amq.gen-*) and read permission on the exchange.
-func (s *Semaphore) SubscribeReports(out chan<- adaptive.Report) (stop func(), err error) {
-	ctx, cancel := context.WithCancel(context.Background())
+//
+// Errors: tokensem.ErrClosed, ctx.Err() (ctx bounds the first subscribe
+// only), or a wrapped broker error.
+func (s *Semaphore) SubscribeReports(ctx context.Context, out chan<- adaptive.Report) (stop func(), err error) {
+	if s.isClosed() {
+		return nil, tokensem.ErrClosed
+	}
+	sctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.consumeReports(ctx, out, first)
+		s.consumeReports(sctx, out, first)
 	}()
-	if err := <-first; err != nil {
+	select {
+	case err := <-first:
+		if err != nil {
+			cancel()
+			<-done
+			return nil, err
+		}
+	case <-ctx.Done():
 		cancel()
 		<-done
-		return nil, err
+		return nil, ctx.Err()
 	}
 	return func() { cancel(); <-done }, nil
 }
@@ -120,7 +139,13 @@ func (s *Semaphore) reportConsumer(ctx context.Context) (*channel, <-chan amqp.D
 		if err := ch.QueueBind(q.Name, reportKey(s.name), exchangeName(s.name), false, nil); err != nil {
 			return err
 		}
-		deliveries, err = ch.Consume(q.Name, "", true, true, false, false, nil)
+		// Acknowledged one by one after decoding, at most reportPrefetch
+		// ahead: the queue's caps then bound what waits, where an
+		// automatic ack would push everything into this client's memory.
+		if err := ch.Qos(reportPrefetch, 0, false); err != nil {
+			return err
+		}
+		deliveries, err = ch.Consume(q.Name, "", false, true, false, false, nil)
 		return err
 	}, nil)
 	if err != nil {
@@ -141,6 +166,7 @@ func (s *Semaphore) forwardReports(ctx context.Context, deliveries <-chan amqp.D
 			if !ok {
 				return
 			}
+			_ = d.Ack(false)
 			r, err := adaptive.DecodeReport(d.Body)
 			if err != nil {
 				s.log.Warn("dropping an adaptive report", "semaphore", s.name, "error", err)

@@ -33,7 +33,7 @@ func TestReportsReachTheController(t *testing.T) {
 	}
 	defer sub.Close()
 	got := make(chan adaptive.Report, 8)
-	stop, err := sub.SubscribeReports(got)
+	stop, err := sub.SubscribeReports(ctx, got)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,10 +46,10 @@ func TestReportsReachTheController(t *testing.T) {
 		}
 	}
 	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, InFlight: 1, RTT: time.Millisecond, Holds: 4, Drops: 1}}
-	if err := pb.PublishReport(adaptive.Report{From: "b", Sample: adaptive.Sample{Limit: 2, Holds: 9}}); err != nil {
+	if err := pb.PublishReport(ctx, adaptive.Report{From: "b", Sample: adaptive.Sample{Limit: 2, Holds: 9}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := pa.PublishReport(want); err != nil {
+	if err := pa.PublishReport(ctx, want); err != nil {
 		t.Fatal(err)
 	}
 	receive := func(what string) {
@@ -75,7 +75,7 @@ func TestReportsReachTheController(t *testing.T) {
 	px.Cut()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := pa.PublishReport(want); err != nil {
+		if err := pa.PublishReport(ctx, want); err != nil {
 			t.Fatal(err)
 		}
 		select {

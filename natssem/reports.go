@@ -1,11 +1,13 @@
 package natssem
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/adaptive"
 )
 
@@ -20,9 +22,17 @@ func (l layout) reportSubject() string { return strings.TrimSuffix(l.subject, ".
 // small message, no JetStream round trip. It needs publish permission on
 // the semaphore's report subject (tokensem.<name>.reports, or
 // tokensemg.<group>.<name>.reports in a group).
-func (s *Semaphore) PublishReport(r adaptive.Report) error {
+//
+// Errors: tokensem.ErrClosed, ctx.Err(), or a wrapped broker error.
+func (s *Semaphore) PublishReport(ctx context.Context, r adaptive.Report) error {
+	if s.isClosed() {
+		return tokensem.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if err := s.nc.Publish(s.lay.reportSubject(), adaptive.EncodeReport(r)); err != nil {
-		return fmt.Errorf("publish an adaptive report: %w", wrapBrokerErr(err))
+		return fmt.Errorf("natssem: publish an adaptive report: %w", wrapBrokerErr(err))
 	}
 	return nil
 }
@@ -33,7 +43,12 @@ func (s *Semaphore) PublishReport(r adaptive.Report) error {
 // with a warning; one that finds out full is dropped (the controller
 // reads once a window, and the next window's reports follow). It needs
 // subscribe permission on the report subject.
-func (s *Semaphore) SubscribeReports(out chan<- adaptive.Report) (stop func(), err error) {
+//
+// Errors: tokensem.ErrClosed, or a wrapped broker error.
+func (s *Semaphore) SubscribeReports(ctx context.Context, out chan<- adaptive.Report) (stop func(), err error) {
+	if s.isClosed() {
+		return nil, tokensem.ErrClosed
+	}
 	sub, err := s.nc.Subscribe(s.lay.reportSubject(), func(m *nats.Msg) {
 		r, err := adaptive.DecodeReport(m.Data)
 		if err != nil {
@@ -46,11 +61,13 @@ func (s *Semaphore) SubscribeReports(out chan<- adaptive.Report) (stop func(), e
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("subscribe to adaptive reports: %w", wrapBrokerErr(err))
+		return nil, fmt.Errorf("natssem: subscribe to adaptive reports: %w", wrapBrokerErr(err))
 	}
-	if err := s.nc.FlushTimeout(s.opts.RequestTimeout); err != nil {
+	fctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
+	defer cancel()
+	if err := s.nc.FlushWithContext(fctx); err != nil {
 		_ = sub.Unsubscribe()
-		return nil, fmt.Errorf("subscribe to adaptive reports: %w", wrapBrokerErr(err))
+		return nil, fmt.Errorf("natssem: subscribe to adaptive reports: %w", wrapBrokerErr(err))
 	}
 	return func() { _ = sub.Unsubscribe() }, nil
 }

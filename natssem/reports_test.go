@@ -27,7 +27,7 @@ func TestReportsReachTheController(t *testing.T) {
 	}
 	defer b.Close()
 	got := make(chan adaptive.Report, 8)
-	stop, err := a.SubscribeReports(got)
+	stop, err := a.SubscribeReports(ctx, got)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,10 +40,10 @@ func TestReportsReachTheController(t *testing.T) {
 	}
 	other := adaptive.Report{From: "b", Sample: adaptive.Sample{Limit: 2, Holds: 9}}
 	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, InFlight: 1, RTT: time.Millisecond, Holds: 4, Drops: 1}}
-	if err := b.PublishReport(other); err != nil {
+	if err := b.PublishReport(ctx, other); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.PublishReport(want); err != nil {
+	if err := a.PublishReport(ctx, want); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -28,8 +28,9 @@ type State struct {
 	event   tokensem.Event    // Semaphore and Permits, for obs
 	started time.Time
 
-	use      time.Duration // reported by the holder (ReportUse); 0: none
+	use      time.Duration // reported by the holder (ReportUse)
 	overload bool
+	reported bool
 }
 
 // New returns the state of a freshly held permit of semaphore name (of
@@ -49,10 +50,10 @@ func (s *State) observe(kind tokensem.EventKind, err error) {
 	e.Kind, e.Held, e.Err = kind, time.Since(s.started), err
 	s.mu.Lock()
 	e.Use, e.Overload = s.use, s.overload
-	s.mu.Unlock()
-	if e.Use <= 0 {
+	if !s.reported {
 		e.Use = e.Held
 	}
+	s.mu.Unlock()
 	s.obs.Observe(e)
 }
 
@@ -63,7 +64,7 @@ func (s *State) ReportUse(took time.Duration, overloaded bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.phase == held || s.phase == releasing {
-		s.use, s.overload = took, overloaded
+		s.use, s.overload, s.reported = max(0, took), overloaded, true
 	}
 }
 
