@@ -60,6 +60,22 @@ func DecodeReport(b []byte) (Report, error) {
 	return Report{From: w.From, Sample: Sample{Limit: w.Limit, InFlight: w.InFlight, RTT: rtt, Holds: w.Holds, Drops: w.Drops}}, nil
 }
 
+// Offer decodes body (DecodeReport) and hands the report to out without
+// waiting: a full out drops it (a controller reads once a window, and the
+// next window's reports follow). It returns the decode error, for the
+// caller to log. The backends' report channels call it for each message.
+func Offer(out chan<- Report, body []byte) error {
+	r, err := DecodeReport(body)
+	if err != nil {
+		return err
+	}
+	select {
+	case out <- r:
+	default:
+	}
+	return nil
+}
+
 // DefaultWindow is the window of Publish and Controller when none is
 // given.
 const DefaultWindow = time.Second

@@ -167,14 +167,8 @@ func (s *Semaphore) forwardReports(ctx context.Context, deliveries <-chan amqp.D
 				return
 			}
 			_ = d.Ack(false)
-			r, err := adaptive.DecodeReport(d.Body)
-			if err != nil {
+			if err := adaptive.Offer(out, d.Body); err != nil {
 				s.log.Warn("dropping an adaptive report", "semaphore", s.name, "error", err)
-				continue
-			}
-			select {
-			case out <- r:
-			default:
 			}
 		}
 	}

@@ -50,14 +50,8 @@ func (s *Semaphore) SubscribeReports(ctx context.Context, out chan<- adaptive.Re
 		return nil, tokensem.ErrClosed
 	}
 	sub, err := s.nc.Subscribe(s.lay.reportSubject(), func(m *nats.Msg) {
-		r, err := adaptive.DecodeReport(m.Data)
-		if err != nil {
+		if err := adaptive.Offer(out, m.Data); err != nil {
 			s.log.Warn("dropping an adaptive report", "semaphore", s.name, "error", err)
-			return
-		}
-		select {
-		case out <- r:
-		default:
 		}
 	})
 	if err != nil {
