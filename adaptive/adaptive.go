@@ -20,8 +20,11 @@ import (
 type Sample struct {
 	// Limit is the semaphore's permit count during the window.
 	Limit int
-	// InFlight is the most permits held at once during the window.
-	InFlight int
+	// Busy is how many permits were held on average over the window (the
+	// time integral of the permits held, divided by the window's length).
+	// Means add up across processes, where the peaks of one window need
+	// not coincide: a fleet's Busy is the sum of its processes'.
+	Busy float64
 	// RTT is the window's latency: the mean time the holds that ended in
 	// it took (the use of the permit, not the wait for it).
 	RTT time.Duration
@@ -44,8 +47,8 @@ type Algorithm interface {
 // concurrency-limits; TCP Reno's congestion window): a window with a drop,
 // or with a latency above Timeout, multiplies the limit by Backoff (taking
 // at least one off); a window in which at least half the permits were in
-// use adds Increase; otherwise the limit stays (the fleet did not need
-// more). It finds the concurrency at which the downstream starts to refuse
+// use on average (Sample.Busy) adds Increase; otherwise the limit stays
+// (the fleet did not need more). It finds the concurrency at which the downstream starts to refuse
 // or to time out, and oscillates just below it.
 type AIMD struct {
 	Increase int           // default 1
@@ -66,7 +69,7 @@ func (a *AIMD) Next(s Sample) int {
 	switch {
 	case s.Drops > 0 || a.Timeout > 0 && s.RTT > a.Timeout:
 		return max(1, min(limit-1, int(float64(limit)*backoff)))
-	case s.InFlight*2 >= limit:
+	case s.Busy*2 >= float64(limit):
 		return limit + max(a.Increase, 1)
 	}
 	return limit
@@ -94,7 +97,7 @@ func (a *AIMD) Next(s Sample) int {
 // is the lowest window latency of the last BaselineWindows windows (Vegas's
 // no-load latency), so a downstream that gets slower for good is the new
 // baseline once that many windows have passed. A window that used less than
-// half the limit changes nothing.
+// half the limit on average (Sample.Busy) changes nothing.
 type Gradient struct {
 	Queue           float64 // holds allowed to queue at the downstream; default 1
 	Growth          float64 // largest growth step, a share of the limit; default 0.25
@@ -126,7 +129,7 @@ func (g *Gradient) Next(s Sample) int {
 	for _, d := range g.recent {
 		baseline = min(baseline, d)
 	}
-	if float64(s.InFlight) < g.estimate/2 {
+	if s.Busy < g.estimate/2 {
 		return limit
 	}
 	gradient := math.Max(0.5, math.Min(1, float64(baseline)/float64(s.RTT)))

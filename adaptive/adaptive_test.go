@@ -36,7 +36,7 @@ func (d *downstream) window(l int) adaptive.Sample {
 		rtt += wait
 	}
 	rtt = time.Duration(float64(rtt) * (0.97 + 0.06*d.rng.Float64())) // ±3 % noise
-	return adaptive.Sample{Limit: l, InFlight: l, RTT: rtt, Holds: served * int(time.Second/d.S), Drops: drops}
+	return adaptive.Sample{Limit: l, Busy: float64(l), RTT: rtt, Holds: served * int(time.Second/d.S), Drops: drops}
 }
 
 // TestSettlesOnCapacity: each algorithm, fed one sample a second by a
@@ -77,7 +77,7 @@ func TestSettlesOnCapacity(t *testing.T) {
 // permits gives no evidence about the downstream: the limit stays.
 func TestAppLimitedKeepsTheLimit(t *testing.T) {
 	for _, alg := range []adaptive.Algorithm{&adaptive.AIMD{}, &adaptive.Gradient{}} {
-		s := adaptive.Sample{Limit: 20, InFlight: 3, RTT: 10 * time.Millisecond, Holds: 300}
+		s := adaptive.Sample{Limit: 20, Busy: 3, RTT: 10 * time.Millisecond, Holds: 300}
 		for range 5 {
 			if got := alg.Next(s); got != 20 {
 				t.Fatalf("%T with 3 of 20 permits in use: limit %d, want 20", alg, got)

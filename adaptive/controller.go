@@ -55,9 +55,12 @@ type Controller struct {
 	// Permits returns the controlled semaphore's permit count as the
 	// broker has it (its Status): where a new leader starts from.
 	Permits func(ctx context.Context) (int, error)
-	// Reports are the fleet's reports, one per process and window. The
-	// controller reads them only while it leads; a report older than a
-	// window when it starts to lead is dropped.
+	// Reports are the fleet's reports, one per process and window. While
+	// another controller leads, this one feeds them to its Algorithm and
+	// decides nothing (so that it starts to lead with what the algorithm
+	// learnt, such as Gradient's baseline latency, rather than from
+	// nothing); a report that came before it starts to lead is not part
+	// of its first decision.
 	Reports <-chan Report
 	// Algorithm computes the next count; Bounds keep it in range and move
 	// it by a bounded step.
@@ -69,6 +72,9 @@ type Controller struct {
 	// Decided, if set, is called with each decision, from Run's goroutine
 	// (for status and metrics): it must not block.
 	Decided func(Decision)
+	// Led, if set, is called when the controller begins to lead, with the
+	// count it starts from, from Run's goroutine: it must not block.
+	Led func(permits int)
 	// Logger receives the controller's log (default: none).
 	Logger *slog.Logger
 }
@@ -116,11 +122,13 @@ func (c *Controller) Run(ctx context.Context) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	for {
-		p, err := c.Leader.Acquire(ctx)
+		p, err := c.awaitLead(ctx)
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
 				return ctx.Err()
+			case errors.Is(err, errReportsClosed):
+				return err
 			case errors.Is(err, tokensem.ErrClosed), errors.Is(err, tokensem.ErrNotInitialized),
 				errors.Is(err, tokensem.ErrPermissionDenied):
 				return fmt.Errorf("adaptive: waiting to lead: %w", err)
@@ -161,6 +169,51 @@ func (c *Controller) window() time.Duration {
 	return c.Window
 }
 
+// awaitLead waits for the leader's permit, shadowing the leader meanwhile;
+// a Reports channel closed meanwhile ends the wait with errReportsClosed.
+func (c *Controller) awaitLead(ctx context.Context) (tokensem.Permit, error) {
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if !c.shadow(actx) {
+			cancel(errReportsClosed)
+		}
+	}()
+	p, err := c.Leader.Acquire(actx)
+	cancel(nil) // ends the shadow
+	<-done
+	if errors.Is(context.Cause(actx), errReportsClosed) && err != nil {
+		return nil, errReportsClosed
+	}
+	return p, err
+}
+
+// shadow feeds the Algorithm the fleet's windows, as the leader sees them,
+// until ctx ends (true) or Reports is closed (false); it decides nothing.
+// The sample's Limit is the largest count a report names (what the fleet
+// last learnt).
+func (c *Controller) shadow(ctx context.Context) bool {
+	tick := time.NewTicker(c.window())
+	defer tick.Stop()
+	f := fleet{window: c.window(), busy: map[string]level{}}
+	for {
+		select {
+		case <-ctx.Done():
+			return true
+		case now := <-tick.C:
+			reports, ok := c.drain()
+			if !ok {
+				return false
+			}
+			if len(reports) > 0 {
+				c.Algorithm.Next(f.sample(now, reports))
+			}
+		}
+	}
+}
+
 // lead decides once a window until ctx ends or p is lost.
 func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logger) error {
 	if _, ok := c.drain(); !ok { // reports of windows before this lead
@@ -172,8 +225,12 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 		return err
 	}
 	log.Info("adaptive: leading", "permits", cur)
+	if c.Led != nil {
+		c.Led(cur)
+	}
 	tick := time.NewTicker(c.window())
 	defer tick.Stop()
+	f := fleet{window: c.window(), busy: map[string]level{}}
 	for {
 		select {
 		case <-ctx.Done():
@@ -188,7 +245,7 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 			if len(reports) == 0 {
 				continue // nobody held: nothing to learn
 			}
-			s := merge(reports)
+			s := f.sample(now, reports)
 			s.Limit = cur // what the count was, whatever a client still believed
 			d := Decision{At: now, Sample: s, From: cur, To: c.Bounds.Apply(cur, c.Algorithm.Next(s)), Reports: len(reports)}
 			if d.To != cur {
@@ -201,14 +258,18 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 						cur = n
 					}
 				} else {
-					log.Info("adaptive: resized", "from", cur, "to", d.To, "rtt", s.RTT, "holds", s.Holds, "drops", s.Drops, "in_flight", s.InFlight)
+					log.Info("adaptive: resized", "from", cur, "to", d.To, "rtt", s.RTT, "holds", s.Holds, "drops", s.Drops, "busy", s.Busy)
 					cur = d.To
 				}
 				// The reports that came during the resize describe the
-				// count before it.
-				if _, ok := c.drain(); !ok {
+				// count before it: their holds are not counted, but
+				// their Busy stands for their processes until those
+				// report again.
+				late, ok := c.drain()
+				if !ok {
 					return errReportsClosed
 				}
+				f.note(time.Now(), late)
 			}
 			if c.Decided != nil {
 				c.Decided(d)
@@ -271,24 +332,85 @@ func (c *Controller) drain() (_ []Report, ok bool) {
 	}
 }
 
+// fleet is what a leading controller knows of its fleet's processes
+// between windows. The processes report once a window each, on timers of
+// their own, so the reports that reach one window of the controller's may
+// miss a process whose report came a moment late (it comes in the next):
+// its Busy, a level rather than a count of events, is then taken from its
+// latest report, if that is less than one and a half windows old. (Busy
+// serves only to tell a fleet that used its permits from one that did
+// not: a level from a report that came during a resize, of the count
+// before it, serves that.)
+type fleet struct {
+	window time.Duration
+	busy   map[string]level // by Report.From
+}
+
+type level struct {
+	busy float64
+	at   time.Time
+}
+
+// sample merges the reports of the window that ends at now (merge) and
+// adds the latest Busy of each process that did not report in it.
+func (f *fleet) sample(now time.Time, fresh []Report) Sample {
+	s := merge(fresh)
+	seen := f.note(now, fresh)
+	for from, l := range f.busy {
+		switch {
+		case seen[from]:
+		case now.Sub(l.at) <= f.window*3/2:
+			s.Busy += l.busy
+		default:
+			delete(f.busy, from)
+		}
+	}
+	return s
+}
+
+// note keeps the Busy of each process that reported in reports (its
+// reports' mean) as its level at now, and returns those processes.
+func (f *fleet) note(now time.Time, reports []Report) (seen map[string]bool) {
+	type sum struct {
+		busy float64
+		n    int
+	}
+	sums := map[string]sum{}
+	for _, r := range reports {
+		s := sums[r.From]
+		sums[r.From] = sum{s.busy + r.Sample.Busy, s.n + 1}
+	}
+	seen = make(map[string]bool, len(sums))
+	for from, s := range sums {
+		f.busy[from] = level{s.busy / float64(s.n), now}
+		seen[from] = true
+	}
+	return seen
+}
+
 // merge sums one window's reports into the fleet's sample: holds, drops
-// and use add up; a process that reported twice in the window counts its
-// larger peak once; the peaks of different processes add up (an upper
-// bound: they need not coincide).
+// and use add up, and so do the processes' Busy; a process that reported
+// twice in the window (its timer and the controller's drift apart) counts
+// the mean of its reports' Busy.
 func merge(reports []Report) Sample {
-	peaks := map[string]int{}
+	type busy struct {
+		sum float64
+		n   int
+	}
+	procs := map[string]busy{}
 	var m Sample
 	var use float64 // in nanoseconds: a sum of RTT × holds overflows int64
 	for _, r := range reports {
 		s := r.Sample
-		peaks[r.From] = max(peaks[r.From], s.InFlight)
+		b := procs[r.From]
+		procs[r.From] = busy{b.sum + s.Busy, b.n + 1}
 		m.Limit = max(m.Limit, s.Limit)
 		m.Holds += s.Holds
 		m.Drops += s.Drops
 		use += float64(s.RTT) * float64(s.Holds)
 	}
-	for _, p := range peaks {
-		m.InFlight += p
+	for _, b := range procs {
+		m.Busy += b.sum / float64(b.n)
 	}
 	if m.Holds > 0 {
 		m.RTT = time.Duration(use / float64(m.Holds))

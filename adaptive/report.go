@@ -23,17 +23,17 @@ const (
 
 // wireReport is a Report as it travels.
 type wireReport struct {
-	From     string `json:"from"`
-	Limit    int    `json:"limit"`
-	InFlight int    `json:"in_flight"`
-	RTTMicro int64  `json:"rtt_us"`
-	Holds    int    `json:"holds"`
-	Drops    int    `json:"drops"`
+	From     string  `json:"from"`
+	Limit    int     `json:"limit"`
+	Busy     float64 `json:"busy"`
+	RTTMicro int64   `json:"rtt_us"`
+	Holds    int     `json:"holds"`
+	Drops    int     `json:"drops"`
 }
 
 // EncodeReport returns r as a backend's report channel carries it.
 func EncodeReport(r Report) []byte {
-	b, _ := json.Marshal(wireReport{From: r.From, Limit: r.Sample.Limit, InFlight: r.Sample.InFlight,
+	b, _ := json.Marshal(wireReport{From: r.From, Limit: r.Sample.Limit, Busy: r.Sample.Busy,
 		RTTMicro: r.Sample.RTT.Microseconds(), Holds: r.Sample.Holds, Drops: r.Sample.Drops})
 	return b
 }
@@ -53,11 +53,11 @@ func DecodeReport(b []byte) (Report, error) {
 	switch {
 	case w.From == "" || len(w.From) > maxFromLen:
 		return Report{}, fmt.Errorf("%w: an adaptive report from %q", tokensem.ErrInvalidRecord, w.From[:min(len(w.From), 32)])
-	case w.Limit < 0 || w.Limit > tokensem.MaxPermits, w.InFlight < 0 || w.InFlight > tokensem.MaxPermits,
+	case w.Limit < 0 || w.Limit > tokensem.MaxPermits, !(w.Busy >= 0 && w.Busy <= tokensem.MaxPermits),
 		w.Holds < 0 || w.Holds > maxHolds, w.Drops < 0 || w.Drops > w.Holds, rtt < 0 || rtt > maxRTT:
 		return Report{}, fmt.Errorf("%w: an adaptive report out of bounds: %+v", tokensem.ErrInvalidRecord, w)
 	}
-	return Report{From: w.From, Sample: Sample{Limit: w.Limit, InFlight: w.InFlight, RTT: rtt, Holds: w.Holds, Drops: w.Drops}}, nil
+	return Report{From: w.From, Sample: Sample{Limit: w.Limit, Busy: w.Busy, RTT: rtt, Holds: w.Holds, Drops: w.Drops}}, nil
 }
 
 // Offer decodes body (DecodeReport) and hands the report to out without
@@ -106,7 +106,7 @@ func Publish(ctx context.Context, w *Window, from string, window time.Duration, 
 			return ctx.Err()
 		case <-tick.C:
 			s := w.Take()
-			if s.Holds == 0 && s.InFlight == 0 {
+			if s.Holds == 0 && s.Busy == 0 {
 				continue
 			}
 			err := send(ctx, Report{From: from, Sample: s})

@@ -13,7 +13,7 @@ import (
 
 // TestReportRoundTrip: a report decodes as it was encoded.
 func TestReportRoundTrip(t *testing.T) {
-	r := adaptive.Report{From: "host-1/4242", Sample: adaptive.Sample{Limit: 12, InFlight: 7, RTT: 35 * time.Millisecond, Holds: 400, Drops: 3}}
+	r := adaptive.Report{From: "host-1/4242", Sample: adaptive.Sample{Limit: 12, Busy: 6.75, RTT: 35 * time.Millisecond, Holds: 400, Drops: 3}}
 	got, err := adaptive.DecodeReport(adaptive.EncodeReport(r))
 	if err != nil || got != r {
 		t.Fatalf("decoded %+v, %v; want %+v", got, err, r)
@@ -36,7 +36,8 @@ func TestReportRefusals(t *testing.T) {
 		{"negative holds", []byte(`{"from":"p","holds":-1}`)},
 		{"more drops than holds", []byte(`{"from":"p","holds":2,"drops":3}`)},
 		{"limit past MaxPermits", []byte(`{"from":"p","limit":2000000000}`)},
-		{"in flight past MaxPermits", []byte(`{"from":"p","in_flight":2000000000}`)},
+		{"busy past MaxPermits", []byte(`{"from":"p","busy":2000000000}`)},
+		{"negative busy", []byte(`{"from":"p","busy":-0.5}`)},
 		{"negative latency", []byte(`{"from":"p","holds":1,"rtt_us":-5}`)},
 		{"latency of days", []byte(`{"from":"p","holds":1,"rtt_us":400000000000}`)},
 		{"holds of 2^40", []byte(`{"from":"p","holds":1099511627776}`)},

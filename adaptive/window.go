@@ -17,8 +17,10 @@ type Window struct {
 
 	mu       sync.Mutex
 	limit    int
-	inFlight int // permits held now, as this process saw them taken and end (briefly -1: see Observe)
-	peak     int // the most held at once in this window
+	inFlight int       // permits held now, as this process saw them taken and end (briefly -1: see Observe)
+	start    time.Time // of the window
+	last     time.Time // of the last change of inFlight
+	area     float64   // permits held × seconds, since start until last
 	holds    int
 	drops    int
 	use      time.Duration // summed over the window's holds
@@ -26,15 +28,29 @@ type Window struct {
 
 // NewWindow returns a Window of semaphore name's events; it ignores other
 // semaphores'.
-func NewWindow(name string) *Window { return &Window{name: name} }
+func NewWindow(name string) *Window {
+	now := time.Now()
+	return &Window{name: name, start: now, last: now}
+}
+
+// advance adds the permits held since the last change to the window's
+// area, up to now.
+func (w *Window) advance(now time.Time) {
+	if w.inFlight > 0 {
+		w.area += float64(w.inFlight) * now.Sub(w.last).Seconds()
+	}
+	w.last = now
+}
 
 // Observe implements tokensem.Observer.
 func (w *Window) Observe(e tokensem.Event) {
 	if e.Semaphore != w.name {
 		return
 	}
+	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.advance(now)
 	if e.Permits > 0 {
 		w.limit = e.Permits
 	}
@@ -42,7 +58,6 @@ func (w *Window) Observe(e tokensem.Event) {
 	case tokensem.EventAcquire:
 		if e.Outcome == tokensem.OutcomeAcquired {
 			w.inFlight++
-			w.peak = max(w.peak, w.inFlight)
 		}
 	case tokensem.EventRelease, tokensem.EventLost:
 		// Not clamped at 0: a permit lost before its Acquire returned
@@ -58,15 +73,20 @@ func (w *Window) Observe(e tokensem.Event) {
 }
 
 // Take returns the sample of the window that ends now and starts the next:
-// its holds are those that ended since the last Take, its InFlight the
-// most permits this process held at once meanwhile.
+// its holds are those that ended since the last Take (or NewWindow), its
+// Busy the permits this process held on average meanwhile.
 func (w *Window) Take() Sample {
+	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	s := Sample{Limit: w.limit, InFlight: w.peak, Holds: w.holds, Drops: w.drops}
+	w.advance(now)
+	s := Sample{Limit: w.limit, Holds: w.holds, Drops: w.drops}
+	if d := now.Sub(w.start).Seconds(); d > 0 {
+		s.Busy = w.area / d
+	}
 	if w.holds > 0 {
 		s.RTT = w.use / time.Duration(w.holds)
 	}
-	w.peak, w.holds, w.drops, w.use = max(0, w.inFlight), 0, 0, 0
+	w.start, w.area, w.holds, w.drops, w.use = now, 0, 0, 0, 0
 	return s
 }

@@ -45,7 +45,7 @@ func TestReportsReachTheController(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, InFlight: 1, RTT: time.Millisecond, Holds: 4, Drops: 1}}
+	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, Busy: 0.5, RTT: time.Millisecond, Holds: 4, Drops: 1}}
 	if err := pb.PublishReport(ctx, adaptive.Report{From: "b", Sample: adaptive.Sample{Limit: 2, Holds: 9}}); err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestReportsReachTheController(t *testing.T) {
 		}
 	}
 	other := adaptive.Report{From: "b", Sample: adaptive.Sample{Limit: 2, Holds: 9}}
-	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, InFlight: 1, RTT: time.Millisecond, Holds: 4, Drops: 1}}
+	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, Busy: 0.5, RTT: time.Millisecond, Holds: 4, Drops: 1}}
 	if err := b.PublishReport(ctx, other); err != nil {
 		t.Fatal(err)
 	}

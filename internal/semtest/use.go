@@ -101,9 +101,12 @@ func testUseReports(t *testing.T, b Backend) {
 		t.Errorf("an unreported permit's event says use %v, held %v, overload %v", e.Use, e.Held, e.Overload)
 	}
 	sample := w.Take()
-	want := adaptive.Sample{Limit: 3, InFlight: 1, Holds: 4, Drops: 2}
-	if sample.Limit != want.Limit || sample.InFlight != want.InFlight || sample.Holds != want.Holds || sample.Drops != want.Drops {
+	want := adaptive.Sample{Limit: 3, Holds: 4, Drops: 2}
+	if sample.Limit != want.Limit || sample.Holds != want.Holds || sample.Drops != want.Drops {
 		t.Errorf("window sample %+v, want %+v", sample, want)
+	}
+	if sample.Busy <= 0 || sample.Busy > 1 {
+		t.Errorf("window's mean permits held %v, one at a time: want (0, 1]", sample.Busy)
 	}
 	if sample.RTT < 30*time.Millisecond/4 {
 		t.Errorf("window latency %v: less than a quarter of the 30 ms hold among the four", sample.RTT)
@@ -132,7 +135,7 @@ func testUseReports(t *testing.T, b Backend) {
 			t.Errorf("a set's permit reported 5 ms, overloaded: the event says %v, overload %v", e.Use, e.Overload)
 		}
 	}
-	if sample := w.Take(); sample.InFlight != 3 || sample.Holds != 3 || sample.Drops != 3 || sample.RTT != 5*time.Millisecond {
-		t.Errorf("window sample after a set of 3: %+v, want 3 in flight, 3 holds, 3 drops, 5 ms", sample)
+	if sample := w.Take(); sample.Busy <= 0 || sample.Busy > 3 || sample.Holds != 3 || sample.Drops != 3 || sample.RTT != 5*time.Millisecond {
+		t.Errorf("window sample after a set of 3: %+v, want (0, 3] held on average, 3 holds, 3 drops, 5 ms", sample)
 	}
 }
