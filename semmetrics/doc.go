@@ -5,7 +5,9 @@
 // acquisitions by outcome, the time callers waited, permits held now and
 // the semaphore's size (utilization is held / permits), renewals and lost
 // permits. ObserveReport adds a reconciler's findings and repairs, for
-// `seminit reconcile --watch` or a program running reconciler.Watch.
+// `seminit reconcile --watch` or a program running reconciler.Watch;
+// ObserveDecision an adaptive controller's count, and the latency it
+// follows, for `seminit adapt` or a program running adaptive.Controller.
 //
 // Every metric has a "semaphore" label. A process that opens very many
 // semaphores (semgroup with a key per tenant) makes one series per

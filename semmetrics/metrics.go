@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
 	"github.com/tokensem/tokensem/reconciler"
 )
 
@@ -30,6 +31,10 @@ type Metrics struct {
 
 	usage       *prometheus.GaugeVec
 	utilization *prometheus.GaugeVec
+
+	latency   *prometheus.GaugeVec
+	busy      *prometheus.GaugeVec
+	decisions *prometheus.CounterVec
 }
 
 var _ tokensem.Observer = (*Metrics)(nil)
@@ -122,9 +127,18 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			[]string{"semaphore", "state"}),
 		utilization: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "semaphore_utilization",
 			Help: "Held permits over permits across all the semaphore's clients, from the latest tokensem.Count."}, sem),
+
+		latency: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "adaptive_latency_seconds",
+			Help: "The mean use of a permit over the adaptive controller's latest window, as the fleet reported it: the latency the controller follows."}, sem),
+		busy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "adaptive_busy_permits",
+			Help: "Permits the fleet held on average over the adaptive controller's latest window."}, sem),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "adaptive_decisions_total",
+			Help: "The adaptive controller's decisions by result: raised, lowered, kept (the count), failed (a resize that failed: the count stayed)."},
+			[]string{"semaphore", "result"}),
 	}
 	for _, c := range []prometheus.Collector{m.permits, m.held, m.wait, m.acquisitions, m.holds,
-		m.renewals, m.lost, m.runs, m.tokens, m.findings, m.repairs, m.usage, m.utilization} {
+		m.renewals, m.lost, m.runs, m.tokens, m.findings, m.repairs, m.usage, m.utilization,
+		m.latency, m.busy, m.decisions} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("semmetrics: register: %w", err)
 		}
@@ -197,4 +211,26 @@ func (m *Metrics) ObserveCount(name string, c tokensem.Count) {
 	m.usage.WithLabelValues(name, "available").Set(float64(c.Available))
 	m.usage.WithLabelValues(name, "held").Set(float64(c.Held))
 	m.usage.WithLabelValues(name, "waiting").Set(float64(c.Waiting))
+}
+
+// ObserveDecision records one decision of the adaptive controller of
+// semaphore name (adaptive.Controller's Decided): the count it left
+// (tokensem_permits), the latency and busy permits it decided on, and the
+// decision's result.
+func (m *Metrics) ObserveDecision(name string, d adaptive.Decision) {
+	result, count := "kept", d.From
+	switch {
+	case d.Err != nil:
+		result = "failed"
+	case d.To > d.From:
+		result, count = "raised", d.To
+	case d.To < d.From:
+		result, count = "lowered", d.To
+	}
+	m.decisions.WithLabelValues(name, result).Inc()
+	if count > 0 {
+		m.permits.WithLabelValues(name).Set(float64(count))
+	}
+	m.latency.WithLabelValues(name).Set(d.Sample.RTT.Seconds())
+	m.busy.WithLabelValues(name).Set(d.Sample.Busy)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/driver"
 	"github.com/tokensem/tokensem/internal/rabbittest"
@@ -296,6 +297,38 @@ func TestCountMetrics(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.utilization.WithLabelValues(name)); got != 0.25 {
 		t.Errorf("utilization = %v, want 0.25", got)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %v", problems, err)
+	}
+}
+
+// TestDecisionMetrics: an adaptive controller's decisions set the count,
+// the latency and busy permits it decided on, and count by result.
+func TestDecisionMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "metrics-adaptive"
+	s := adaptive.Sample{Busy: 5.5, RTT: 40 * time.Millisecond, Holds: 100}
+	m.ObserveDecision(name, adaptive.Decision{From: 6, To: 8, Sample: s})
+	m.ObserveDecision(name, adaptive.Decision{From: 8, To: 8, Sample: s})
+	m.ObserveDecision(name, adaptive.Decision{From: 8, To: 5, Sample: s, Err: errors.New("resize refused")})
+	if got := testutil.ToFloat64(m.permits.WithLabelValues(name)); got != 8 {
+		t.Errorf("permits = %v after 6→8, 8 kept, and 8→5 failed; want 8", got)
+	}
+	if got := testutil.ToFloat64(m.latency.WithLabelValues(name)); got != 0.04 {
+		t.Errorf("latency = %v, want 0.04", got)
+	}
+	if got := testutil.ToFloat64(m.busy.WithLabelValues(name)); got != 5.5 {
+		t.Errorf("busy = %v, want 5.5", got)
+	}
+	for result, want := range map[string]float64{"raised": 1, "kept": 1, "failed": 1, "lowered": 0} {
+		if got := testutil.ToFloat64(m.decisions.WithLabelValues(name, result)); got != want {
+			t.Errorf("decisions %s = %v, want %v", result, got, want)
+		}
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
