@@ -38,6 +38,9 @@ Usage:
                    -- CMD [ARGS...]
   seminit reconcile --name NAME [--repair] [--watch INTERVAL [--metrics-listen ADDR]]
   seminit resize   --name NAME --permits M [--step K] [--interval DUR]
+  seminit adapt    --name NAME --range MIN..MAX [--leader NAME] [--lease DUR]
+                   [--window DUR] [--algorithm gradient|aimd] [--max-step K]
+                   [--metrics-listen ADDR]
   seminit list
   seminit delete   --name NAME [--force]
   seminit completion bash|zsh|fish
@@ -395,6 +398,7 @@ var commands = map[string]command{
 	"exec":      {"run a command while holding a permit", runExec},
 	"reconcile": {"recount tokens and repair duplicates, losses and junk", runReconcile},
 	"resize":    {"change the number of permits live", runResize},
+	"adapt":     {"move the number of permits after the holders' reports (a controller)", runAdapt},
 	"list":      {"list the broker's semaphores", runList},
 	"delete":    {"delete a semaphore (refused while a permit is held)", runDelete},
 }

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
+	"github.com/tokensem/tokensem/amqpsem"
+	"github.com/tokensem/tokensem/internal/semtest"
+	"github.com/tokensem/tokensem/natssem"
+)
+
+// reporting is a library handle of a semaphore whose holders report.
+type reporting interface {
+	tokensem.Semaphore
+	PublishReport(ctx context.Context, r adaptive.Report) error
+}
+
+// openReporting opens semaphore name with the library, on a connection of
+// its own, with w observing it.
+func (b broker) openReporting(t *testing.T, name string, w *adaptive.Window) reporting {
+	t.Helper()
+	ctx := t.Context()
+	var s reporting
+	var err error
+	switch b.name {
+	case "nats":
+		nc, cerr := nats.Connect(b.url)
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		t.Cleanup(nc.Close)
+		s, err = natssem.Open(ctx, nc, name, natssem.WithObserver(w))
+	default:
+		c, cerr := amqpsem.Dial(ctx, b.url)
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		s, err = amqpsem.Open(ctx, c, name, amqpsem.WithObserver(w))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// adaptEvents parses the JSON lines seminit adapt --json printed so far.
+func adaptEvents(t *testing.T, p *proc) []adaptEvent {
+	t.Helper()
+	var out []adaptEvent
+	for line := range strings.SplitSeq(p.stdout.String(), "\n") {
+		if !strings.HasSuffix(line, "}") {
+			continue // not a whole line yet
+		}
+		var ev adaptEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("seminit adapt printed %q: %v", line, err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func leads(evs []adaptEvent) bool {
+	for _, ev := range evs {
+		if ev.Event == "lead" {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAdaptFailover: two seminit adapt processes control one semaphore that
+// a fleet in this process uses in front of a downstream of capacity 4, its
+// holders reporting their use. One leads and moves the count from 1 into
+// 3..6. It is killed (SIGKILL): the other leads within the leader's lease
+// (NATS: 2 s; RabbitMQ sees the connection drop), and the count stays
+// where it was until it does. Never are more callers inside than the
+// largest count set.
+func TestAdaptFailover(t *testing.T) {
+	t.Parallel()
+	forEachBroker(t, func(t *testing.T, b broker) {
+		t.Parallel()
+		const (
+			window   = "250ms"
+			capacity = 4
+		)
+		name := uniqueName(t)
+		b.mustInit(t, name, 1)
+		t.Cleanup(func() {
+			b.seminit(t, "delete", "--name", name, "--force")
+			b.seminit(t, "delete", "--name", name+"-adapt", "--force")
+		})
+		args := []string{"adapt", "--name", name, "--range", "1..16", "--window", window, "--json"}
+		if b.leases {
+			args = append(args, "--lease", "2s")
+		}
+		ctls := []*proc{startSeminit(t, b.env(), args...), startSeminit(t, b.env(), args...)}
+
+		// The fleet: two processes' worth of callers, each with a window
+		// that reports to the controllers.
+		ctx, stop := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		defer func() { stop(); wg.Wait() }()
+		down := &semtest.Downstream{S: 50 * time.Millisecond}
+		down.C.Store(capacity)
+		down.Q.Store(capacity)
+		var meter semtest.Meter
+		var sems []reporting
+		for p := range 2 {
+			w := adaptive.NewWindow(name)
+			s := b.openReporting(t, name, w)
+			sems = append(sems, s)
+			wg.Go(func() { _ = adaptive.Publish(ctx, w, fmt.Sprint("fleet-", p), 250*time.Millisecond, s.PublishReport) })
+			for range 6 {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						_ = tokensem.Do(ctx, s, func(ctx context.Context) error {
+							meter.Enter()
+							defer meter.Leave()
+							return down.Use(ctx)
+						})
+					}
+				})
+			}
+		}
+		count := func() int {
+			t.Helper()
+			st, err := sems[0].Status(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Permits
+		}
+
+		// One leads and moves the count into range.
+		eventually(t, 60*time.Second, "a controller to lead and move the count into 3..6", func() bool {
+			n := count()
+			return n >= 3 && n <= 6
+		})
+		leader := -1
+		for i, c := range ctls {
+			if leads(adaptEvents(t, c)) {
+				leader = i
+			}
+		}
+		if leader < 0 {
+			t.Fatalf("the count moved, but no controller says it leads:\nA: %s\nB: %s", ctls[0].stdout.String(), ctls[1].stdout.String())
+		}
+		other := ctls[1-leader]
+		if leads(adaptEvents(t, other)) {
+			t.Fatalf("both controllers lead:\nA: %s\nB: %s", ctls[0].stdout.String(), ctls[1].stdout.String())
+		}
+
+		// Kill the leader. A resize it had sent may still land: the count
+		// is read once its bytes are surely in.
+		killed := time.Now()
+		if err := ctls[leader].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		ctls[leader].wait(10 * time.Second)
+		time.Sleep(200 * time.Millisecond)
+		held := count()
+		for !leads(adaptEvents(t, other)) {
+			if n := count(); n != held {
+				t.Fatalf("with no controller leading, the count moved from %d to %d", held, n)
+			}
+			if time.Since(killed) > 60*time.Second {
+				t.Fatalf("the other controller did not lead within 60 s of the leader's death:\n%s\nstderr: %s", other.stdout.String(), other.stderr.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		took := time.Since(killed)
+		t.Logf("the other controller led %v after the leader was killed, from %d permits", took.Round(time.Millisecond), held)
+		if b.leases && took > 2*time.Second+10*time.Second {
+			t.Errorf("the other controller led %v after the kill: more than the 2 s lease and 10 s to spare", took)
+		}
+
+		// It decides: the count stays in range as it goes on.
+		time.Sleep(2 * time.Second)
+		stop()
+		wg.Wait()
+		most := 1
+		for _, c := range ctls {
+			for _, ev := range adaptEvents(t, c) {
+				if ev.Event == "failed" {
+					t.Logf("a resize failed: %+v", ev)
+				}
+				most = max(most, ev.To, ev.Permits)
+			}
+		}
+		if n := count(); n < 2 || n > 8 {
+			t.Errorf("after the failover the count is %d; want it near the capacity %d", n, capacity)
+		}
+		if m := meter.Max(); m > most {
+			t.Errorf("%d callers held at once, above the largest count set, %d", m, most)
+		}
+	})
+}
