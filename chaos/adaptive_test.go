@@ -135,7 +135,11 @@ func adaptWhile(t *testing.T, r *run, sem adaptable, leader tokensem.Semaphore, 
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("the controller resized %d times (%d failed) between %d and %d; the count is %d", resizes, failed, adaptMin, adaptMax, cur)
-	if resizes < 5 {
+	// On RabbitMQ a growth into a slot that an earlier shrink retired
+	// waits W + W/3 (10 s) before it issues the slot's token (a holder cut
+	// off from the broker may still believe it holds it), so N moves
+	// slowly there: a few resizes are enough to count.
+	if resizes < 2 {
 		t.Errorf("the controller resized only %d times: N hardly moved", resizes)
 	}
 }
