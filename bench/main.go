@@ -54,6 +54,12 @@ type config struct {
 	layersRTT       time.Duration
 	layersGlobal    int
 	layersWorkers   [2]int
+	adaptiveCaps    []int
+	adaptiveFixed   []int
+	adaptivePhase   time.Duration
+	adaptiveWorkers int
+	adaptiveService time.Duration
+	adaptiveWindow  time.Duration
 	permits         int
 	hold            time.Duration
 	duration        time.Duration
@@ -70,7 +76,7 @@ type config struct {
 }
 
 var allSystems = []string{"natssem", "amqpsem", "redis", "redis-fast"}
-var allScenarios = []string{"cycle", "contention", "weighted", "priority", "layers", "handoff", "sems", "waiters", "bign"}
+var allScenarios = []string{"cycle", "contention", "weighted", "priority", "layers", "adaptive", "handoff", "sems", "waiters", "bign"}
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -79,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	systems := fs.String("systems", strings.Join(allSystems, ","),
 		"systems to run, comma-separated: natssem (with the raw core-NATS round trip), amqpsem, redis (retry 50–200 ms), redis-fast (retry 1–5 ms)")
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","),
-		"scenarios to run, comma-separated: cycle, contention, weighted (mixed weights 1-3, tokensem only), priority (classes, and FIFO beside), layers (a regional limit under a distant global one: exact and block modes, tokensem only), handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
+		"scenarios to run, comma-separated: cycle, contention, weighted (mixed weights 1-3, tokensem only), priority (classes, and FIFO beside), layers (a regional limit under a distant global one: exact and block modes, tokensem only), adaptive (a controller moves N after a downstream whose capacity changes, beside fixed N; tokensem only), handoff, sems (many semaphores), waiters (thousands of waiters + memory), bign (N=10,000)")
 	fs.StringVar(&c.out, "out", "", "directory to write bench.md and handoff.svg to (default: print the markdown only)")
 	fs.BoolVar(&c.quick, "quick", false, "short runs (fewer samples, 3 s of contention): the whole run takes a few minutes")
 	fs.StringVar(&c.amqpURL, "amqp-url", cmp.Or(os.Getenv("RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL (default $RABBITMQ_URL)")
@@ -94,6 +100,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.layersRTT, "layers-rtt", 20*time.Millisecond, "layers: round trip the proxy adds to the global broker")
 	fs.IntVar(&c.layersGlobal, "layers-global", 8, "layers: the global limit the two regions contend for")
 	layersWorkers := fs.String("layers-workers", "12,4", "layers: workers of the two regions, comma-separated")
+	adaptiveCaps := fs.String("adaptive-caps", "12,6,16", "adaptive: the downstream's capacity in each phase, comma-separated")
+	adaptiveFixed := fs.String("adaptive-fixed", "4,12,32", "adaptive: fixed counts run beside, comma-separated")
+	fs.DurationVar(&c.adaptivePhase, "adaptive-phase", 0, "adaptive: how long each capacity lasts (default 30s, 20s with -quick)")
+	fs.IntVar(&c.adaptiveWorkers, "adaptive-workers", 32, "adaptive: workers, over 4 processes")
+	fs.DurationVar(&c.adaptiveService, "adaptive-service", 50*time.Millisecond, "adaptive: the downstream's service time per use")
+	fs.DurationVar(&c.adaptiveWindow, "adaptive-window", time.Second, "adaptive: the controller's window")
 	fs.IntVar(&c.permits, "permits", 4, "contention and waiters: permits N")
 	fs.DurationVar(&c.hold, "hold", time.Millisecond, "contention and waiters: how long each acquisition holds")
 	fs.DurationVar(&c.duration, "duration", 0, "contention: how long to run (default 10s, 3s with -quick)")
@@ -131,6 +143,27 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if _, err := fmt.Sscanf(*layersWorkers, "%d,%d", &c.layersWorkers[0], &c.layersWorkers[1]); err != nil ||
 		c.layersWorkers[0] < 1 || c.layersWorkers[1] < 1 {
 		return nil, fmt.Errorf("-layers-workers %q: want two positive counts, as 12,4", *layersWorkers)
+	}
+	for _, l := range []struct {
+		flag, s string
+		into    *[]int
+	}{{"-adaptive-caps", *adaptiveCaps, &c.adaptiveCaps}, {"-adaptive-fixed", *adaptiveFixed, &c.adaptiveFixed}} {
+		for f := range strings.SplitSeq(l.s, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("%s %q: want positive counts, comma-separated", l.flag, l.s)
+			}
+			*l.into = append(*l.into, n)
+		}
+	}
+	if c.adaptivePhase == 0 {
+		c.adaptivePhase = 30 * time.Second
+		if c.quick {
+			c.adaptivePhase = 20 * time.Second
+		}
+	}
+	if c.adaptivePhase <= adaptiveSettle || c.adaptiveWorkers < 4 || c.adaptiveService <= 0 || c.adaptiveWindow <= 0 {
+		return nil, fmt.Errorf("-adaptive-phase must be longer than %v, -adaptive-workers at least 4, -adaptive-service and -adaptive-window positive", adaptiveSettle)
 	}
 	if c.layersRTT < 0 || c.layersGlobal < 1 {
 		return nil, errors.New("-layers-rtt must not be negative and -layers-global must be positive")
@@ -261,6 +294,14 @@ func writeReport(dir string, rep *Report, stdout io.Writer) error {
 		plot = "handoff.svg"
 		if err := writeFile(filepath.Join(dir, plot), func(w io.Writer) error {
 			return WriteCDF(w, handoffTitle(rep), series, handoffMarks())
+		}); err != nil {
+			return err
+		}
+	}
+	if name := adaptivePlotName(rep); name != "" {
+		series, end := adaptiveSeries(rep)
+		if err := writeFile(filepath.Join(dir, name), func(w io.Writer) error {
+			return WriteSteps(w, "Adaptive limits: the permit count as the downstream's capacity changes", "permits", series, end)
 		}); err != nil {
 			return err
 		}
@@ -499,6 +540,31 @@ func runSystem(ctx context.Context, cfg *config, p profile, sys System, res *Sys
 			logf("%s layers: acquire p50 regional alone %s, exact %s, block %s; holds by region %d/%d (workers %d/%d), peak %d of %d",
 				key, fmtDur(r.Plain.P50), fmtDur(r.Exact.P50), fmtDur(r.Block.P50), r.Regions[0].Holds, r.Regions[1].Holds,
 				r.Regions[0].Workers, r.Regions[1].Workers, r.Peak, r.Global)
+		}
+	}
+	if cfg.has("adaptive") && res.Tokensem {
+		type mode struct {
+			fixed int
+			right bool
+		}
+		modes := []mode{{0, false}, {0, true}}
+		for _, n := range cfg.adaptiveFixed {
+			modes = append(modes, mode{fixed: n})
+		}
+		for _, m := range modes {
+			r, err := runAdaptive(ctx, sys, name("adaptive"), cfg.adaptiveCaps, cfg.adaptivePhase, 4, cfg.adaptiveWorkers, 4, m.fixed, m.right,
+				cfg.adaptiveService, cfg.adaptiveWindow, !cfg.sleepHold)
+			if err != nil {
+				fail("adaptive", err)
+				break
+			}
+			res.Adaptive = append(res.Adaptive, r)
+			var b strings.Builder
+			for _, ph := range r.Phases {
+				fmt.Fprintf(&b, " | C=%d: %.0f/s, latency p50 %s p99 %s, settled %s", ph.C, ph.Throughput, fmtDur(ph.Latency.P50), fmtDur(ph.Latency.P99), fmtDur(ph.Settled))
+			}
+			logf("%s adaptive, %s: counts %v, peak holders %d (most set %d), %d decisions, %d failed%s; %v",
+				key, r.label(), r.Counts, r.Peak, r.MostSet, r.Decisions, r.Failed, b.String(), r.Errs)
 		}
 	}
 	if cfg.has("handoff") {

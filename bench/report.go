@@ -77,6 +77,8 @@ type SystemResult struct {
 	// PriorityFIFO the same traffic with every caller in class 0.
 	Priority, PriorityFIFO *PriorityResult
 	Layers                 *LayersResult
+	// Adaptive is the adaptive scenario's runs: adaptive, right, fixed.
+	Adaptive []*AdaptiveRun
 }
 
 func (r *Report) system(key string) *SystemResult {
@@ -172,6 +174,7 @@ func WriteMarkdown(w io.Writer, r *Report, plot string) error {
 	writeWeighted(w, r)
 	writePriority(w, r)
 	writeLayers(w, r)
+	writeAdaptive(w, r)
 	writeScale(w, r)
 	switch {
 	case plot != "":

@@ -91,6 +91,7 @@ func Targets(r *Report) []Target {
 		addSafety(&ts, as)
 		addScale(&ts, as)
 	}
+	adaptiveTargets(r, add)
 	return ts
 }
 
