@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -24,8 +25,10 @@ import (
 // without a ready token are looked up, so a ready copy of a held slot shows
 // as a duplicate only once the holder releases; the claim refuses it
 // meanwhile. A broker that fails for a while (an election) is retried until
-// ctx ends. A token being claimed at the very moment of the census is seen
-// neither ready nor held, so it may show as missing for that one census.
+// ctx ends. A token on its way between holders is seen neither ready nor
+// held for a moment; the census looks again at such slots (readHolders),
+// and a token still on its way after that shows as missing for that one
+// census.
 //
 // Errors: tokensem.ErrClosed, tokensem.ErrNotInitialized, or a wrapped
 // broker error.
@@ -52,7 +55,7 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	held, err := s.readClaims(ctx, s.unaccounted(ready, cfg))
+	held, err := s.readHolders(ctx, cfg, ready)
 	if err != nil {
 		return tokensem.Status{}, err
 	}
@@ -271,6 +274,69 @@ stream:
 		ds = append(ds, d)
 	}
 	return ds, nil
+}
+
+// readHolders returns the held slots of a census that found the valid
+// ready tokens among ready (see unaccounted). Under churn most censuses
+// catch a token on its way between holders: delivered to a waiter that
+// has not yet claimed its slot, or released and not yet requeued. Its
+// slot is seen neither ready nor held, yet is claimed a moment later (a
+// waiter claims as soon as a token reaches it). So the slots seen neither
+// way are looked at again, inFlightLooks times over about half a second
+// (a caller on a loaded machine may take that long to claim), before
+// the census calls them missing: a repair would otherwise hold such a
+// slot's claim for W and a third (see Inventory.Issue) and issue it a
+// second token. A slot found held on a later look is held (a claim is
+// never a missing slot), so looking again only ever spares a repair.
+func (s *Semaphore) readHolders(ctx context.Context, cfg config, ready [][]byte) ([]int, error) {
+	held, err := s.readClaims(ctx, s.unaccounted(ready, cfg))
+	if err != nil {
+		return nil, err
+	}
+	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 160 * time.Millisecond}
+	for range inFlightLooks {
+		away := s.unseen(ready, cfg, held)
+		if len(away) == 0 {
+			break
+		}
+		if err := pause.Wait(ctx, nil); err != nil {
+			return nil, err
+		}
+		more, err := s.readClaims(ctx, away)
+		if err != nil {
+			return nil, err
+		}
+		held = append(held, more...)
+		slices.Sort(held)
+	}
+	return held, nil
+}
+
+// inFlightLooks is how many more times readHolders looks at the slots seen
+// neither ready nor held.
+const inFlightLooks = 5
+
+// unseen returns the slots in [0, permits) with neither a valid token
+// among ready nor a place in held.
+func (s *Semaphore) unseen(ready [][]byte, cfg config, held []int) []int {
+	seen := make([]bool, cfg.Permits)
+	for _, b := range ready {
+		if e := s.classify(cfg, b); e.Valid {
+			seen[e.Token.Index] = true
+		}
+	}
+	for _, i := range held {
+		if i >= 0 && i < cfg.Permits {
+			seen[i] = true
+		}
+	}
+	var out []int
+	for i, ok := range seen {
+		if !ok {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // readClaims returns which of the given slots are held (their claim queue

@@ -154,7 +154,7 @@ func (inv *Inventory) census(ctx context.Context) (driver.Census, error) {
 	for i, d := range ds {
 		bodies[i] = d.Body
 	}
-	held, err := s.readClaims(ctx, s.unaccounted(bodies, cfg))
+	held, err := s.readHolders(ctx, cfg, bodies)
 	if err != nil {
 		return driver.Census{}, err
 	}
