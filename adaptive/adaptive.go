@@ -50,10 +50,17 @@ type Algorithm interface {
 // use on average (Sample.Busy) adds Increase; otherwise the limit stays
 // (the fleet did not need more). It finds the concurrency at which the downstream starts to refuse
 // or to time out, and oscillates just below it.
+//
+// A fleet's window holds many holds: DropRatio is the share of them that
+// must report an overload for the window to count as dropping (default 0:
+// any one, as in concurrency-limits, where a window is one request). A
+// fleet whose downstream sheds a little load all the time sets it above
+// that background.
 type AIMD struct {
-	Increase int           // default 1
-	Backoff  float64       // in (0, 1); default 0.9
-	Timeout  time.Duration // latency counted as a drop; 0: drops only
+	Increase  int           // default 1
+	Backoff   float64       // in (0, 1); default 0.9
+	Timeout   time.Duration // latency counted as a drop; 0: drops only
+	DropRatio float64       // in [0, 1); see above
 }
 
 // Next implements Algorithm.
@@ -67,7 +74,7 @@ func (a *AIMD) Next(s Sample) int {
 		backoff = 0.9
 	}
 	switch {
-	case s.Drops > 0 || a.Timeout > 0 && s.RTT > a.Timeout:
+	case s.Drops > 0 && float64(s.Drops) > a.DropRatio*float64(s.Holds) || a.Timeout > 0 && s.RTT > a.Timeout:
 		return max(1, min(limit-1, int(float64(limit)*backoff)))
 	case s.Busy*2 >= float64(limit):
 		return limit + max(a.Increase, 1)

@@ -102,3 +102,20 @@ func TestBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestAIMDDropRatio: with a DropRatio, a window whose overloads stay at or
+// below that share of its holds grows the limit; one above it backs off.
+func TestAIMDDropRatio(t *testing.T) {
+	a := &adaptive.AIMD{DropRatio: 0.01}
+	s := adaptive.Sample{Limit: 10, Busy: 10, RTT: time.Millisecond, Holds: 1000, Drops: 10}
+	if got := a.Next(s); got != 11 {
+		t.Fatalf("10 drops in 1,000 holds, ratio 0.01: limit %d, want 11", got)
+	}
+	s.Drops = 11
+	if got := a.Next(s); got != 9 {
+		t.Fatalf("11 drops in 1,000 holds, ratio 0.01: limit %d, want 9", got)
+	}
+	if got := (&adaptive.AIMD{}).Next(adaptive.Sample{Limit: 10, Busy: 10, Holds: 1000, Drops: 1}); got != 9 {
+		t.Fatalf("one drop, no ratio: limit %d, want 9", got)
+	}
+}
