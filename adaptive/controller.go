@@ -19,12 +19,16 @@ type Report struct {
 
 // Decision is what a controller did at the end of one window.
 type Decision struct {
-	At      time.Time
-	Sample  Sample // the fleet's, merged (see Controller.merge)
-	From    int    // the permit count during the window
-	To      int    // the count the controller chose (From: unchanged)
-	Err     error  // the Resize to To failed: the count stays From
-	Reports int    // how many reports the window merged
+	At     time.Time
+	Sample Sample // the fleet's, merged (see Controller.merge)
+	From   int    // the permit count during the window
+	To     int    // the count the controller chose (From: unchanged)
+	Err    error  // the Resize to To failed
+	// Permits is the count after the decision: To, or after a failed
+	// resize, the count read back from the broker (a resize may fail
+	// after it wrote the count), From if that read failed too.
+	Permits int
+	Reports int // how many reports the window merged
 }
 
 // Controller moves a semaphore's permit count after its fleet's reports,
@@ -219,7 +223,18 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 	if _, ok := c.drain(); !ok { // reports of windows before this lead
 		return errReportsClosed
 	}
-	cur, err := c.Permits(ctx)
+	// The count reads end with the lead (one that waits out a broker
+	// outage, say).
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.Done():
+			cancel()
+		case <-lctx.Done():
+		}
+	}()
+	cur, err := c.Permits(lctx)
 	if err != nil {
 		log.Warn("adaptive: reading the count failed; leaving the lead", "error", err)
 		return err
@@ -247,14 +262,14 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 			}
 			s := f.sample(now, reports)
 			s.Limit = cur // what the count was, whatever a client still believed
-			d := Decision{At: now, Sample: s, From: cur, To: c.Bounds.Apply(cur, c.Algorithm.Next(s)), Reports: len(reports)}
+			d := Decision{At: now, Sample: s, From: cur, To: c.Bounds.Apply(cur, c.Algorithm.Next(s)), Permits: cur, Reports: len(reports)}
 			if d.To != cur {
 				d.Err = c.resize(ctx, p, d.To)
 				if d.Err != nil {
 					log.Warn("adaptive: resize failed", "from", cur, "to", d.To, "error", d.Err)
 					// It may have written the count before it failed:
 					// decide from what the broker has.
-					if n, err := c.Permits(ctx); err == nil {
+					if n, err := c.Permits(lctx); err == nil {
 						cur = n
 					}
 				} else {
@@ -270,6 +285,10 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 					return errReportsClosed
 				}
 				f.note(time.Now(), late)
+				d.Permits = cur
+				// A window's worth of ticks may have piled up during the
+				// resize: the next window starts now.
+				tick.Reset(c.window())
 			}
 			if c.Decided != nil {
 				c.Decided(d)

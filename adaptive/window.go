@@ -47,10 +47,9 @@ func (w *Window) Observe(e tokensem.Event) {
 	if e.Semaphore != w.name {
 		return
 	}
-	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.advance(now)
+	w.advance(time.Now()) // under the lock: the clock never runs back in the area
 	if e.Permits > 0 {
 		w.limit = e.Permits
 	}
@@ -76,9 +75,9 @@ func (w *Window) Observe(e tokensem.Event) {
 // its holds are those that ended since the last Take (or NewWindow), its
 // Busy the permits this process held on average meanwhile.
 func (w *Window) Take() Sample {
-	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	now := time.Now()
 	w.advance(now)
 	s := Sample{Limit: w.limit, Holds: w.holds, Drops: w.drops}
 	if d := now.Sub(w.start).Seconds(); d > 0 {

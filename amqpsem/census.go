@@ -317,7 +317,8 @@ func (s *Semaphore) readHolders(ctx context.Context, cfg config, ready [][]byte)
 const inFlightLooks = 5
 
 // unseen returns the slots in [0, permits) with neither a valid token
-// among ready nor a place in held.
+// among ready nor a place in held, that have had a token in this life: a
+// slot never issued (one a growth adds) has no token on its way.
 func (s *Semaphore) unseen(ready [][]byte, cfg config, held []int) []int {
 	seen := make([]bool, cfg.Permits)
 	for _, b := range ready {
@@ -332,7 +333,7 @@ func (s *Semaphore) unseen(ready [][]byte, cfg config, held []int) []int {
 	}
 	var out []int
 	for i, ok := range seen {
-		if !ok {
+		if !ok && cfg.issued(i) {
 			out = append(out, i)
 		}
 	}

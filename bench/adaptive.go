@@ -283,9 +283,8 @@ func runAdaptive(ctx context.Context, sys System, name string, caps []int, phase
 						if d.Err != nil {
 							failed.Add(1)
 							fail("resize", d.Err)
-						} else if d.To != d.From {
-							setCount(d.To)
 						}
+						setCount(d.Permits)
 					},
 				}
 				wg.Go(func() {
@@ -297,7 +296,11 @@ func runAdaptive(ctx context.Context, sys System, name string, caps []int, phase
 		}
 		for range workers / procs {
 			wg.Go(func() {
-				<-begin
+				select {
+				case <-begin:
+				case <-wctx.Done():
+					return
+				}
 				for wctx.Err() == nil {
 					h, err := sem.Acquire(wctx)
 					if err != nil {

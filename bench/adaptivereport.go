@@ -30,6 +30,9 @@ func adaptiveRuns(s *SystemResult) (ad, right *AdaptiveRun) {
 // count within 20% of C within adaptiveSettle, throughput ≥ 90% and p99
 // latency ≤ 2× the N = C run's.
 func adaptiveVerdict(ph, ref AdaptivePhase) (ok bool, measured string) {
+	if ref.SettledThroughput == 0 || ref.SettledLatency.P99 == 0 {
+		return false, fmt.Sprintf("C=%d: the N = C run served nothing from 10 s on", ph.C)
+	}
 	tp := ph.SettledThroughput / ref.SettledThroughput
 	p99 := float64(ph.SettledLatency.P99) / float64(ref.SettledLatency.P99)
 	settled := ph.Settled >= 0 && ph.Settled <= adaptiveSettle

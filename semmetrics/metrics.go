@@ -214,23 +214,25 @@ func (m *Metrics) ObserveCount(name string, c tokensem.Count) {
 }
 
 // ObserveDecision records one decision of the adaptive controller of
-// semaphore name (adaptive.Controller's Decided): the count it left
-// (tokensem_permits), the latency and busy permits it decided on, and the
-// decision's result.
+// semaphore name (adaptive.Controller's Decided): the count after it
+// (tokensem_permits, Decision.Permits), the latency and busy permits it
+// decided on, and the decision's result.
 func (m *Metrics) ObserveDecision(name string, d adaptive.Decision) {
-	result, count := "kept", d.From
+	result := "kept"
 	switch {
 	case d.Err != nil:
 		result = "failed"
 	case d.To > d.From:
-		result, count = "raised", d.To
+		result = "raised"
 	case d.To < d.From:
-		result, count = "lowered", d.To
+		result = "lowered"
 	}
 	m.decisions.WithLabelValues(name, result).Inc()
-	if count > 0 {
-		m.permits.WithLabelValues(name).Set(float64(count))
+	if d.Permits > 0 {
+		m.permits.WithLabelValues(name).Set(float64(d.Permits))
 	}
-	m.latency.WithLabelValues(name).Set(d.Sample.RTT.Seconds())
+	if d.Sample.Holds > 0 { // a window of levels only has no latency
+		m.latency.WithLabelValues(name).Set(d.Sample.RTT.Seconds())
+	}
 	m.busy.WithLabelValues(name).Set(d.Sample.Busy)
 }

@@ -313,11 +313,11 @@ func TestDecisionMetrics(t *testing.T) {
 	}
 	const name = "metrics-adaptive"
 	s := adaptive.Sample{Busy: 5.5, RTT: 40 * time.Millisecond, Holds: 100}
-	m.ObserveDecision(name, adaptive.Decision{From: 6, To: 8, Sample: s})
-	m.ObserveDecision(name, adaptive.Decision{From: 8, To: 8, Sample: s})
-	m.ObserveDecision(name, adaptive.Decision{From: 8, To: 5, Sample: s, Err: errors.New("resize refused")})
+	m.ObserveDecision(name, adaptive.Decision{From: 6, To: 8, Permits: 8, Sample: s})
+	m.ObserveDecision(name, adaptive.Decision{From: 8, To: 8, Permits: 8, Sample: s})
+	m.ObserveDecision(name, adaptive.Decision{From: 8, To: 5, Permits: 8, Sample: s, Err: errors.New("resize refused")})
 	if got := testutil.ToFloat64(m.permits.WithLabelValues(name)); got != 8 {
-		t.Errorf("permits = %v after 6→8, 8 kept, and 8→5 failed; want 8", got)
+		t.Errorf("permits = %v after 6→8, 8 kept, and 8→5 failed with 8 read back; want 8", got)
 	}
 	if got := testutil.ToFloat64(m.latency.WithLabelValues(name)); got != 0.04 {
 		t.Errorf("latency = %v, want 0.04", got)

@@ -148,7 +148,8 @@ func runAdapt(ctx context.Context, e env, args []string) error {
 			switch {
 			case d.Err != nil:
 				ev.Event, ev.Error = "failed", d.Err.Error()
-				emit(ev, fmt.Sprintf("%s: resize %d → %d failed, the count stays: %v", *name, d.From, d.To, d.Err))
+				ev.Permits = d.Permits
+				emit(ev, fmt.Sprintf("%s: resize %d → %d failed; the count is %d: %v", *name, d.From, d.To, d.Permits, d.Err))
 			case d.To != d.From:
 				emit(ev, fmt.Sprintf("%s: %d → %s (latency %s, %.1f permits busy, %d holds, %d overloaded, %d reports)", *name, d.From,
 					permitCount(d.To), d.Sample.RTT.Round(100*time.Microsecond), d.Sample.Busy, d.Sample.Holds, d.Sample.Drops, d.Reports))
@@ -171,7 +172,7 @@ type adaptEvent struct {
 	Name       string    `json:"name"`
 	At         time.Time `json:"at"`
 	Leader     string    `json:"leader,omitempty"`
-	Permits    int       `json:"permits,omitempty"` // lead: the count it starts from
+	Permits    int       `json:"permits,omitempty"` // lead: the count it starts from; failed: the count read back
 	From       int       `json:"from,omitempty"`
 	To         int       `json:"to,omitempty"`
 	LatencyMS  float64   `json:"latency_ms,omitempty"`
