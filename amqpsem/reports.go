@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/adaptive"
+	"github.com/tokensem/tokensem/internal/ratelog"
 )
 
 // reportKey is the routing key of the semaphore's adaptive reports
@@ -158,6 +159,7 @@ func (s *Semaphore) reportConsumer(ctx context.Context) (*channel, <-chan amqp.D
 // forwardReports hands decoded reports on until ctx ends or the
 // deliveries stop (the channel or connection closed).
 func (s *Semaphore) forwardReports(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- adaptive.Report) {
+	var warn ratelog.Limited // anyone who may publish on the exchange can send junk
 	for {
 		select {
 		case <-ctx.Done():
@@ -168,7 +170,7 @@ func (s *Semaphore) forwardReports(ctx context.Context, deliveries <-chan amqp.D
 			}
 			_ = d.Ack(false)
 			if err := adaptive.Offer(out, d.Body); err != nil {
-				s.log.Warn("dropping an adaptive report", "semaphore", s.name, "error", err)
+				warn.Warn(s.log, "dropping an adaptive report", "semaphore", s.name, "error", err)
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/adaptive"
+	"github.com/tokensem/tokensem/internal/ratelog"
 )
 
 // reportSubject is the core NATS subject of the semaphore's adaptive
@@ -37,6 +38,10 @@ func (s *Semaphore) PublishReport(ctx context.Context, r adaptive.Report) error 
 	return nil
 }
 
+// reportPendingMsgs bounds the reports a subscription keeps waiting for
+// its handler.
+const reportPendingMsgs = 1000
+
 // SubscribeReports delivers the semaphore's adaptive reports, those of
 // every process of the fleet, on out for a controller, until stop is
 // called. A report that does not decode (adaptive.DecodeReport) is dropped
@@ -49,13 +54,21 @@ func (s *Semaphore) SubscribeReports(ctx context.Context, out chan<- adaptive.Re
 	if s.isClosed() {
 		return nil, tokensem.ErrClosed
 	}
+	var warn ratelog.Limited // anyone who may publish on the subject can send junk
 	sub, err := s.nc.Subscribe(s.lay.reportSubject(), func(m *nats.Msg) {
 		if err := adaptive.Offer(out, m.Data); err != nil {
-			s.log.Warn("dropping an adaptive report", "semaphore", s.name, "error", err)
+			warn.Warn(s.log, "dropping an adaptive report", "semaphore", s.name, "error", err)
 		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("natssem: subscribe to adaptive reports: %w", wrapBrokerErr(err))
+	}
+	// A report is at most adaptive.MaxReportLen long, and a fleet sends
+	// one per process a window: what waits beyond these bounds is dropped
+	// by the client (a slow-consumer error), not kept in memory.
+	if err := sub.SetPendingLimits(reportPendingMsgs, reportPendingMsgs*adaptive.MaxReportLen); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("natssem: subscribe to adaptive reports: %w", err)
 	}
 	fctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 	defer cancel()
