@@ -115,7 +115,9 @@ func pullsWaiting(ctx context.Context, js jetstream.JetStream, stream, consumer 
 	return info.NumWaiting, nil
 }
 
-func (n *natsSystem) WaitersPerClient() int { return 0 }
+// WaitersPerClient is natssem's cap on one handle's waiting callers
+// (natssem.WithMaxLocalWaiters).
+func (n *natsSystem) WaitersPerClient() int { return natssem.DefaultMaxLocalWaiters }
 
 func (n *natsSystem) Cleanup(ctx context.Context, name string) {
 	if n.group != "" {
