@@ -3,12 +3,14 @@ package natssem
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/driver"
@@ -72,7 +74,7 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]storedToken, error) {
 			case "404": // nothing (more) to read
 				break batch
 			case "503":
-				return nil, fmt.Errorf("natssem: %s has no token stream: %w", s.name, tokensem.ErrNotInitialized)
+				return nil, s.noDirectGet(ctx)
 			default:
 				return nil, fmt.Errorf("natssem: direct get answered %s %s", code, desc)
 			}
@@ -81,6 +83,24 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]storedToken, error) {
 			return out, nil
 		}
 	}
+}
+
+// noDirectGet explains a direct get that nobody answered (503): the token
+// stream is gone (tokensem.ErrNotInitialized), or its replicas' direct-get
+// subscriptions have not reached this client's server yet, as right after
+// a replicated stream is made through another server of a cluster (a
+// broker error, which the callers that retry ask again).
+func (s *Semaphore) noDirectGet(ctx context.Context) error {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	_, err := s.js.Stream(rctx, s.lay.stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("natssem: %s has no token stream: %w", s.name, tokensem.ErrNotInitialized)
+	case err != nil:
+		return wrapBrokerErr(fmt.Errorf("reading tokens of %s: no direct get answered, and the stream's info: %w", s.name, err))
+	}
+	return wrapBrokerErr(fmt.Errorf("reading tokens of %s: no server answers direct gets of its stream yet: %w", s.name, nats.ErrNoResponders))
 }
 
 // nextScanned waits for the next answer of a scan, at most a request

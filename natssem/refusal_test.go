@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
 )
@@ -86,5 +87,46 @@ func TestNoWaitPullOnAFullQueue(t *testing.T) {
 	wait := &acquisition{s: s}
 	if _, _, err := wait.answer(ctx, full); !errors.Is(err, tokensem.ErrTooManyWaiters) {
 		t.Errorf("Acquire's answer to a full queue: %v, want ErrTooManyWaiters", err)
+	}
+}
+
+// TestUnansweredDirectGetIsTransient: a census's direct get that no server
+// answers (503) while the token stream exists is a broker that cannot
+// answer yet, as right after a replicated stream was made through another
+// server of a cluster (its replicas' direct-get subscriptions still on
+// their way), not a semaphore that does not exist: Status then said "not
+// initialized" (a CI run of cmd/seminit's TestClusterNodeLoss). Here the
+// stream stops serving direct gets; once it is gone, the census says not
+// initialized.
+func TestUnansweredDirectGetIsTransient(t *testing.T) {
+	srv := startServer(t)
+	ctx := testContext(t)
+	nc := dial(t, srv)
+	s, err := Init(ctx, nc, "nodirect", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, s.lay.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.scanTokens(ctx); !transient(err) || errors.Is(err, tokensem.ErrNotInitialized) {
+		t.Fatalf("a direct get nobody answers, the stream there: %v, want a transient broker error", err)
+	}
+	if err := js.DeleteStream(ctx, s.lay.stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.scanTokens(ctx); !errors.Is(err, tokensem.ErrNotInitialized) {
+		t.Fatalf("a direct get nobody answers, the stream gone: %v, want ErrNotInitialized", err)
 	}
 }
