@@ -55,7 +55,7 @@ func (s *Semaphore) status(ctx context.Context) (tokensem.Status, error) {
 	if err != nil {
 		return tokensem.Status{}, err
 	}
-	held, err := s.readHolders(ctx, cfg, ready)
+	held, err := s.readHolders(ctx, cfg, ready, waiting)
 	if err != nil {
 		return tokensem.Status{}, err
 	}
@@ -287,11 +287,17 @@ stream:
 // the census calls them missing: a repair would otherwise hold such a
 // slot's claim for W and a third (see Inventory.Issue) and issue it a
 // second token. A slot found held on a later look is held (a claim is
-// never a missing slot), so looking again only ever spares a repair.
-func (s *Semaphore) readHolders(ctx context.Context, cfg config, ready [][]byte) ([]int, error) {
+// never a missing slot), so looking again only ever spares a repair. A
+// quorum token queue with no consumer (consumers, counted as the census
+// took the ready tokens) has no token on its way: every holder and every
+// waiter that got a token counts as one.
+func (s *Semaphore) readHolders(ctx context.Context, cfg config, ready [][]byte, consumers int) ([]int, error) {
 	held, err := s.readClaims(ctx, s.unaccounted(ready, cfg))
 	if err != nil {
 		return nil, err
+	}
+	if cfg.QueueType == Quorum && consumers == 0 {
+		return held, nil
 	}
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 160 * time.Millisecond}
 	for range inFlightLooks {

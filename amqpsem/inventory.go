@@ -142,7 +142,7 @@ func (inv *Inventory) census(ctx context.Context) (driver.Census, error) {
 	if err != nil {
 		return driver.Census{}, err
 	}
-	ds, _, err := s.takeReady(ctx, ch)
+	ds, consumers, err := s.takeReady(ctx, ch)
 	if err != nil {
 		_ = ch.Close()
 		return driver.Census{}, err
@@ -154,7 +154,7 @@ func (inv *Inventory) census(ctx context.Context) (driver.Census, error) {
 	for i, d := range ds {
 		bodies[i] = d.Body
 	}
-	held, err := s.readHolders(ctx, cfg, bodies)
+	held, err := s.readHolders(ctx, cfg, bodies, consumers)
 	if err != nil {
 		return driver.Census{}, err
 	}
