@@ -204,7 +204,7 @@ func TestAdaptFailover(t *testing.T) {
 			t.Errorf("after the failover the count is %d; want it near the capacity %d", n, capacity)
 		}
 		if m := meter.Max(); m > most {
-			t.Errorf("%d callers held at once, above the largest count set, %d", m, most)
+			t.Errorf("%d callers held at once, above the largest count set, %d\nA: %s\nB: %s", m, most, ctls[0].stdout.String(), ctls[1].stdout.String())
 		}
 	})
 }
