@@ -370,26 +370,26 @@ type level struct {
 	at   time.Time
 }
 
-// sample merges the reports of the window that ends at now (merge) and
-// adds the latest Busy of each process that did not report in it.
+// sample merges the reports of the window that ends at now (merge); its
+// Busy is the sum of the processes' levels: of the reports of this window
+// (note), and the latest of each process that did not report in it.
 func (f *fleet) sample(now time.Time, fresh []Report) Sample {
 	s := merge(fresh)
-	seen := f.note(now, fresh)
+	f.note(now, fresh)
 	for from, l := range f.busy {
-		switch {
-		case seen[from]:
-		case now.Sub(l.at) <= f.window*3/2:
-			s.Busy += l.busy
-		default:
+		if now.Sub(l.at) > f.window*3/2 {
 			delete(f.busy, from)
+			continue
 		}
+		s.Busy += l.busy
 	}
 	return s
 }
 
-// note keeps the Busy of each process that reported in reports (its
-// reports' mean) as its level at now, and returns those processes.
-func (f *fleet) note(now time.Time, reports []Report) (seen map[string]bool) {
+// note keeps the Busy of each process that reported in reports as its
+// level at now: the mean of its reports' Busy (a process that reported
+// twice in a window, its timer and the controller's drifting apart).
+func (f *fleet) note(now time.Time, reports []Report) {
 	type sum struct {
 		busy float64
 		n    int
@@ -399,37 +399,22 @@ func (f *fleet) note(now time.Time, reports []Report) (seen map[string]bool) {
 		s := sums[r.From]
 		sums[r.From] = sum{s.busy + r.Sample.Busy, s.n + 1}
 	}
-	seen = make(map[string]bool, len(sums))
 	for from, s := range sums {
 		f.busy[from] = level{s.busy / float64(s.n), now}
-		seen[from] = true
 	}
-	return seen
 }
 
-// merge sums one window's reports into the fleet's sample: holds, drops
-// and use add up, and so do the processes' Busy; a process that reported
-// twice in the window (its timer and the controller's drift apart) counts
-// the mean of its reports' Busy.
+// merge sums one window's reports into the fleet's sample, Busy aside
+// (fleet.sample): holds, drops and use add up.
 func merge(reports []Report) Sample {
-	type busy struct {
-		sum float64
-		n   int
-	}
-	procs := map[string]busy{}
 	var m Sample
 	var use float64 // in nanoseconds: a sum of RTT × holds overflows int64
 	for _, r := range reports {
 		s := r.Sample
-		b := procs[r.From]
-		procs[r.From] = busy{b.sum + s.Busy, b.n + 1}
 		m.Limit = max(m.Limit, s.Limit)
 		m.Holds += s.Holds
 		m.Drops += s.Drops
 		use += float64(s.RTT) * float64(s.Holds)
-	}
-	for _, b := range procs {
-		m.Busy += b.sum / float64(b.n)
 	}
 	if m.Holds > 0 {
 		m.RTT = time.Duration(use / float64(m.Holds))
