@@ -292,7 +292,8 @@ stream:
 // took the ready tokens) has no token on its way: every holder and every
 // waiter that got a token counts as one.
 func (s *Semaphore) readHolders(ctx context.Context, cfg config, ready [][]byte, consumers int) ([]int, error) {
-	held, err := s.readClaims(ctx, s.unaccounted(ready, cfg))
+	valid := s.readySlots(ready, cfg) // once: the ready tokens do not change between looks
+	held, err := s.readClaims(ctx, unaccounted(valid, cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +302,7 @@ func (s *Semaphore) readHolders(ctx context.Context, cfg config, ready [][]byte,
 	}
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 160 * time.Millisecond}
 	for range inFlightLooks {
-		away := s.unseen(ready, cfg, held)
+		away := unseen(valid, cfg, held)
 		if len(away) == 0 {
 			break
 		}
@@ -322,16 +323,23 @@ func (s *Semaphore) readHolders(ctx context.Context, cfg config, ready [][]byte,
 // neither ready nor held.
 const inFlightLooks = 5
 
-// unseen returns the slots in [0, permits) with neither a valid token
-// among ready nor a place in held, that have had a token in this life: a
-// slot never issued (one a growth adds) has no token on its way.
-func (s *Semaphore) unseen(ready [][]byte, cfg config, held []int) []int {
+// readySlots marks the slots in [0, permits) that have a valid token among
+// ready.
+func (s *Semaphore) readySlots(ready [][]byte, cfg config) []bool {
 	seen := make([]bool, cfg.Permits)
 	for _, b := range ready {
 		if e := s.classify(cfg, b); e.Valid {
 			seen[e.Token.Index] = true
 		}
 	}
+	return seen
+}
+
+// unseen returns the slots in [0, permits) neither marked in valid (a
+// valid ready token) nor in held, that have had a token in this life: a
+// slot never issued (one a growth adds) has no token on its way.
+func unseen(valid []bool, cfg config, held []int) []int {
+	seen := slices.Clone(valid)
 	for _, i := range held {
 		if i >= 0 && i < cfg.Permits {
 			seen[i] = true
@@ -397,18 +405,12 @@ const fullClaimCensus = 128
 // of them for small semaphores, else those in [0, permits) with no valid
 // ready token, each either held or missing, which only its claim queue can
 // tell.
-func (s *Semaphore) unaccounted(ready [][]byte, cfg config) []int {
+func unaccounted(valid []bool, cfg config) []int {
 	if cfg.Permits <= fullClaimCensus {
 		return allSlots(cfg.Permits)
 	}
-	seen := make([]bool, cfg.Permits)
-	for _, b := range ready {
-		if e := s.classify(cfg, b); e.Valid {
-			seen[e.Token.Index] = true
-		}
-	}
 	var out []int
-	for i, ok := range seen {
+	for i, ok := range valid {
 		if !ok {
 			out = append(out, i)
 		}
