@@ -12,14 +12,13 @@ import (
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/adaptive"
-	"github.com/tokensem/tokensem/reconciler"
 	"github.com/tokensem/tokensem/semmetrics"
 )
 
 // adaptable is a semaphore whose count an adaptive controller can move:
 // it resizes, and carries its fleet's reports.
 type adaptable interface {
-	Resize(ctx context.Context, permits int) (reconciler.Report, error)
+	resizer
 	SubscribeReports(ctx context.Context, out chan<- adaptive.Report) (stop func(), err error)
 }
 
