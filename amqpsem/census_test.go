@@ -23,7 +23,8 @@ import (
 // its way past its looks (a caller descheduled for that long), so one
 // count in ten may miss.
 func TestCensusUnderChurn(t *testing.T) {
-	t.Parallel()
+	// Alone, not beside the package's parallel tests: beside them, in a CI
+	// run, callers stalled past the census's second looks 2 times in 10.
 	ctx := semtest.Context(t, 2*time.Minute)
 	name := name(t)
 	admin := dialURL(t, broker.URL)
