@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
 	"github.com/tokensem/tokensem/internal/backoff"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/stored"
@@ -66,6 +67,11 @@ type config struct {
 	// current token: its ID and fence base. Every other token of the slot
 	// is retired (see classify).
 	Reissued map[int]reissue `json:"reissued,omitempty"`
+	// Controller is the record of the controller that leads the count
+	// (see RecordController), as adaptive.EncodeRecord wrote it: its
+	// length is checked here, its content when it is read
+	// (ControllerRecord), so that a bad one fails only that read.
+	Controller json.RawMessage `json:"ctl,omitempty"`
 
 	// readAt is when the read that returned this configuration began (or,
 	// for one this client wrote, when the write ended): it was current
@@ -152,15 +158,15 @@ func (c config) encode() []byte {
 	return b
 }
 
-// A stored configuration is a few hundred bytes, and each slot a repair
-// reissued adds at most reissueSize (its index, token id and fence base:
-// about 75). A record larger than maxConfigSize (room for about 13,000
-// reissued slots) is refused unparsed, and never written (checkSize); one
-// larger than configSize allows for the slots it names is refused once
-// parsed.
+// A stored configuration is a few hundred bytes, plus a controller record
+// of at most adaptive.MaxRecordLen, and each slot a repair reissued adds
+// at most reissueSize (its index, token id and fence base: about 75). A
+// record larger than maxConfigSize (room for about 13,000 reissued slots)
+// is refused unparsed, and never written (checkSize); one larger than
+// configSize allows for the slots it names is refused once parsed.
 const (
 	maxConfigSize  = 1 << 20
-	baseConfigSize = 4 << 10
+	baseConfigSize = 4<<10 + adaptive.MaxRecordLen
 	reissueSize    = 96
 )
 
@@ -232,6 +238,9 @@ func (c config) check() error {
 		case r.Base == 0 || r.Base >= maxBase:
 			return stored.Invalid("reissued slot %d: fence base %d outside 1..2^63-1", i, r.Base)
 		}
+	}
+	if len(c.Controller) > adaptive.MaxRecordLen {
+		return stored.Invalid("a controller record of %d bytes (at most %d)", len(c.Controller), adaptive.MaxRecordLen)
 	}
 	return stored.Len("key_check", c.KeyCheck, 64)
 }

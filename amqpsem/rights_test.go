@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
 	"github.com/tokensem/tokensem/amqpsem"
 	"github.com/tokensem/tokensem/internal/ids"
 	"github.com/tokensem/tokensem/internal/semtest"
@@ -152,6 +153,12 @@ func TestRoles(t *testing.T) {
 		defer s.Close()
 		if _, err := s.Resize(ctx, 3); err != nil {
 			t.Fatalf("resize of a semaphore without an exchange: %v", err)
+		}
+		if err := s.RecordController(ctx, adaptive.Record{By: "admin", Leader: "x-adapt", Min: 1, Max: 4}); err != nil {
+			t.Fatalf("record the controller: %v", err)
+		}
+		if r, ok, err := s.ControllerRecord(ctx); err != nil || !ok || r.By != "admin" {
+			t.Fatalf("the controller record: %+v, %v, %v", r, ok, err)
 		}
 		rep, err := reconciler.Run(ctx, s.Inventory(), true)
 		if err != nil || !rep.Healthy || rep.Permits != 3 {

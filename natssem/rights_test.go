@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
 	"github.com/tokensem/tokensem/internal/natstest"
 	"github.com/tokensem/tokensem/natssem"
 	"github.com/tokensem/tokensem/natssem/embedded"
@@ -166,6 +167,9 @@ func clientCycle(t *testing.T, nc *nats.Conn, name string, opts ...natssem.Optio
 		if !st.Healthy {
 			t.Errorf("status of %s: %+v, want healthy", name, st)
 		}
+		if _, _, err := s.ControllerRecord(ctx); err != nil { // seminit status reads it
+			return err
+		}
 		_, err = s.Count(ctx)
 		return err
 	})
@@ -183,6 +187,13 @@ func adminCycle(t *testing.T, nc *nats.Conn, name string, opts ...natssem.Option
 		defer func() { _ = s.Close() }()
 		if _, err := s.Resize(ctx, 4); err != nil {
 			return err
+		}
+		rec := adaptive.Record{By: "adminCycle", Leader: "x-adapt", Min: 1, Max: 4}
+		if err := s.RecordController(ctx, rec); err != nil {
+			return err
+		}
+		if got, ok, err := s.ControllerRecord(ctx); err != nil || !ok || got.By != rec.By {
+			t.Errorf("the controller record of %s: %+v, %v, %v", name, got, ok, err)
 		}
 		r, err := reconciler.Run(ctx, s.Inventory(), true)
 		if err != nil {

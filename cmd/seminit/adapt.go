@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tokensem/tokensem"
@@ -115,6 +116,16 @@ func runAdapt(ctx context.Context, e env, args []string) error {
 		return classify(err)
 	}
 	defer stop()
+	// The record seminit status shows, kept in the background.
+	var keeper *recordKeeper
+	if cr, ok := s.(controlRecorder); ok {
+		keeper = newRecordKeeper(cr, adaptive.Record{Leader: *leader, Min: bounds.Min, Max: bounds.Max, Algorithm: *algorithm},
+			g.opTimeout(), g.logger())
+		kctx, stopKeeper := context.WithCancel(ctx)
+		var kept sync.WaitGroup
+		kept.Go(func() { keeper.run(kctx) })
+		defer func() { stopKeeper(); kept.Wait() }()
+	}
 	emit := func(v any, text string) {
 		if g.json {
 			_ = json.NewEncoder(e.stdout).Encode(v)
@@ -135,6 +146,9 @@ func runAdapt(ctx context.Context, e env, args []string) error {
 		Window:    *window,
 		Logger:    g.logger(),
 		Led: func(permits int) {
+			if keeper != nil {
+				keeper.led(time.Now())
+			}
 			emit(adaptEvent{Event: "lead", Name: *name, At: time.Now(), Permits: permits, Leader: *leader},
 				fmt.Sprintf("%s: leading from %s (leader semaphore %s)", *name, permitCount(permits), *leader))
 		},
@@ -144,6 +158,14 @@ func runAdapt(ctx context.Context, e env, args []string) error {
 			}
 			ev := adaptEvent{Event: "resize", Name: *name, At: d.At, From: d.From, To: d.To, Reports: d.Reports, Holds: d.Sample.Holds,
 				Overloaded: d.Sample.Drops, Busy: d.Sample.Busy, LatencyMS: float64(d.Sample.RTT.Microseconds()) / 1000}
+			if keeper != nil && (d.Err != nil || d.To != d.From) {
+				why := fmt.Sprintf("latency %s, %.1f busy, %d of %d holds overloaded", d.Sample.RTT.Round(100*time.Microsecond),
+					d.Sample.Busy, d.Sample.Drops, d.Sample.Holds)
+				if d.Err != nil {
+					why = fmt.Sprintf("resize to %d failed: %v", d.To, d.Err)
+				}
+				keeper.changed(adaptive.Change{At: d.At, From: d.From, To: d.Permits, Why: why})
+			}
 			switch {
 			case d.Err != nil:
 				ev.Event, ev.Error = "failed", d.Err.Error()

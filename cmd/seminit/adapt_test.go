@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -187,8 +189,30 @@ func TestAdaptFailover(t *testing.T) {
 			t.Errorf("the other controller led %v after the kill: more than the 2 s lease and 10 s to spare", took)
 		}
 
-		// It decides: the count stays in range as it goes on.
+		// It decides: the count stays in range as it goes on. seminit
+		// status names it as the controller, leading, with its changes.
 		time.Sleep(2 * time.Second)
+		var st struct {
+			Permits    int `json:"permits"`
+			Controller *struct {
+				By      string            `json:"by"`
+				Leader  string            `json:"leader"`
+				Leading *bool             `json:"leading"`
+				Changes []adaptive.Change `json:"changes"`
+			} `json:"controller"`
+		}
+		res := b.seminit(t, "status", "--name", name, "--json")
+		if err := json.Unmarshal([]byte(res.stdout), &st); err != nil {
+			t.Fatalf("seminit status --json: %v\n%s\n%s", err, res.stdout, res.stderr)
+		}
+		switch c := st.Controller; {
+		case c == nil:
+			t.Errorf("seminit status shows no controller:\n%s", res.stdout)
+		case !strings.Contains(c.By, fmt.Sprintf("(pid %d)", other.cmd.Process.Pid)) || c.Leader != name+"-adapt" ||
+			c.Leading == nil || !*c.Leading || len(c.Changes) == 0:
+			t.Errorf("seminit status shows the controller %+v; want the one left (pid %d) leading through %s, with changes",
+				*c, other.cmd.Process.Pid, name+"-adapt")
+		}
 		stop()
 		wg.Wait()
 		// A controller prints a resize once it has returned, after the new
@@ -218,6 +242,55 @@ func TestAdaptFailover(t *testing.T) {
 		if m := meter.Max(); m > most {
 			t.Errorf("%d callers held at once, above the largest count set, %d (read after the kill: %d; at the end: %d)\nA: %s\nB: %s",
 				m, most, held, last, ctls[0].stdout.String(), ctls[1].stdout.String())
+		}
+	})
+}
+
+// recordKeeper: a controller that begins to lead records itself and keeps
+// the changes the last leader recorded, then adds its own, the latest
+// MaxChanges.
+func TestRecordKeeperKeepsChanges(t *testing.T) {
+	t.Parallel()
+	forEachBroker(t, func(t *testing.T, b broker) {
+		t.Parallel()
+		name := uniqueName(t)
+		b.mustInit(t, name, 2)
+		t.Cleanup(func() { b.seminit(t, "delete", "--name", name, "--force") })
+		s := b.openReporting(t, name, adaptive.NewWindow(name)).(controlRecorder)
+		ctx := t.Context()
+		record := func(k *recordKeeper) {
+			t.Helper()
+			if err := k.write(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		base := adaptive.Record{Leader: name + "-adapt", Min: 1, Max: 16, Algorithm: "aimd"}
+		a := newRecordKeeper(s, base, 10*time.Second, slog.New(slog.DiscardHandler))
+		a.led(time.Now())
+		for n := 2; n < 6; n++ {
+			a.changed(adaptive.Change{At: time.Now(), From: n, To: n + 1, Why: "a"})
+		}
+		record(a)
+		next := newRecordKeeper(s, base, 10*time.Second, slog.New(slog.DiscardHandler))
+		next.led(time.Now())
+		for n := 6; n > 1; n-- {
+			next.changed(adaptive.Change{At: time.Now(), From: n, To: n - 1, Why: "b"})
+		}
+		record(next)
+		r, ok, err := s.ControllerRecord(ctx)
+		if err != nil || !ok {
+			t.Fatalf("ControllerRecord: %v (found %v)", err, ok)
+		}
+		var got []string
+		for _, c := range r.Changes {
+			got = append(got, fmt.Sprintf("%s%d>%d", c.Why, c.From, c.To))
+		}
+		// The first leader's last 3 of 4, then the next one's 5.
+		if want := "a3>4 a4>5 a5>6 b6>5 b5>4 b4>3 b3>2 b2>1"; strings.Join(got, " ") != want {
+			t.Errorf("the record's changes are %q; want %q", strings.Join(got, " "), want)
+		}
+		if !strings.Contains(r.By, fmt.Sprintf("(pid %d)", os.Getpid())) || r.Leader != name+"-adapt" || r.Algorithm != "aimd" {
+			t.Errorf("the record is %+v", r)
 		}
 	})
 }

@@ -64,8 +64,15 @@ func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string
 	if err != nil {
 		return classify(err)
 	}
+	var ctl *controllerView
+	if verb == "status" {
+		ctl = readController(sctx, g, s)
+	}
 	if g.json {
-		e.printJSON(st)
+		e.printJSON(struct {
+			tokensem.Status
+			Controller *controllerView `json:"controller,omitempty"`
+		}{st, ctl})
 		return nil
 	}
 	lease := st.Lease.Round(time.Millisecond).String()
@@ -90,5 +97,6 @@ func printStatus(ctx context.Context, e env, g *globals, s statuser, verb string
 	for _, w := range st.Warnings {
 		fmt.Fprintf(e.stdout, "  warning: %s\n", w)
 	}
+	ctl.print(e.stdout)
 	return nil
 }

@@ -73,6 +73,7 @@ func RunBeside(t *testing.T, b Backend) {
 		{"CancelReturnsCtxErr", testCancelReturnsCtxErr},
 		{"UseReports", testUseReports},
 		{"AdaptiveController", testAdaptiveController},
+		{"ControllerRecord", testControllerRecord},
 	}
 	cases := make([]subtest, len(tests))
 	for i, tc := range tests {

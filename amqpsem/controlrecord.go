@@ -1,0 +1,65 @@
+package amqpsem
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
+)
+
+// RecordController stores r, the record of the controller that leads this
+// semaphore's count (package adaptive, seminit adapt), in the semaphore's
+// configuration, in place of the last one; ControllerRecord reads it back
+// and seminit status shows it. It is informational: nothing admits or
+// resizes by it. Writing it takes the creation lock and the rights to
+// write the configuration (an admin's, see docs/permissions-rabbitmq.md).
+//
+// Errors: tokensem.ErrInvalidOption (r fails adaptive.Record.Check),
+// tokensem.ErrClosed, tokensem.ErrNotInitialized, tokensem.ErrPermissionDenied,
+// or a wrapped broker error.
+func (s *Semaphore) RecordController(ctx context.Context, r adaptive.Record) error {
+	b, err := adaptive.EncodeRecord(r)
+	if err != nil {
+		return err
+	}
+	if s.isClosed() {
+		return tokensem.ErrClosed
+	}
+	ctx, unlock, err := s.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	cfg, err := s.readConfig(ctx)
+	if err != nil {
+		return err
+	}
+	cfg.Controller, cfg.Seq = b, cfg.Seq+1
+	if err := s.writeConfig(ctx, cfg); err != nil {
+		return err
+	}
+	s.setConfig(cfg)
+	return nil
+}
+
+// ControllerRecord returns the record the semaphore's controller stored
+// last (see RecordController); ok is false when none has in this life of
+// the semaphore.
+//
+// Errors: tokensem.ErrInvalidRecord (a record RecordController would not
+// have written), tokensem.ErrClosed, tokensem.ErrNotInitialized, or a
+// wrapped broker error.
+func (s *Semaphore) ControllerRecord(ctx context.Context) (r adaptive.Record, ok bool, err error) {
+	if s.isClosed() {
+		return r, false, tokensem.ErrClosed
+	}
+	cfg, err := s.readConfig(ctx)
+	if err != nil || len(cfg.Controller) == 0 {
+		return r, false, err
+	}
+	if r, err = adaptive.DecodeRecord(cfg.Controller); err != nil {
+		return r, false, fmt.Errorf("amqpsem: the controller record of %s: %w", s.name, err)
+	}
+	return r, true, nil
+}

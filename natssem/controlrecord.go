@@ -1,0 +1,82 @@
+package natssem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/adaptive"
+	"github.com/tokensem/tokensem/internal/stored"
+)
+
+// controllerKey is the KV key of the controller's record (see
+// RecordController), beside the configuration; Delete purges it with the
+// semaphore's other keys.
+const controllerKey = "controller"
+
+// controllerEntry is the stored form of a controller record: the record,
+// and the life (epoch) of the semaphore it was written in, so that a
+// record a controller of an earlier life wrote late is not shown as this
+// life's.
+type controllerEntry struct {
+	Epoch  uint64          `json:"epoch"`
+	Record json.RawMessage `json:"record"`
+}
+
+// RecordController stores r, the record of the controller that leads this
+// semaphore's count (package adaptive, seminit adapt), beside its
+// configuration, in place of the last one; ControllerRecord reads it back
+// and seminit status shows it. It is informational: nothing admits or
+// resizes by it. Writing it takes the rights to write the configuration
+// (an admin's, see docs/permissions-nats.md).
+//
+// Errors: tokensem.ErrInvalidOption (r fails adaptive.Record.Check),
+// tokensem.ErrClosed, tokensem.ErrPermissionDenied, or a wrapped broker
+// error.
+func (s *Semaphore) RecordController(ctx context.Context, r adaptive.Record) error {
+	b, err := adaptive.EncodeRecord(r)
+	if err != nil {
+		return err
+	}
+	if s.isClosed() {
+		return tokensem.ErrClosed
+	}
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	if _, err := s.kv.Put(rctx, s.lay.key(controllerKey), mustMarshal(controllerEntry{Epoch: s.config().Epoch, Record: b})); err != nil {
+		return wrapBrokerErr(err)
+	}
+	return nil
+}
+
+// ControllerRecord returns the record the semaphore's controller stored
+// last (see RecordController); ok is false when none has in this life of
+// the semaphore.
+//
+// Errors: tokensem.ErrInvalidRecord (a record RecordController would not
+// have written), tokensem.ErrClosed, or a wrapped broker error.
+func (s *Semaphore) ControllerRecord(ctx context.Context) (r adaptive.Record, ok bool, err error) {
+	if s.isClosed() {
+		return r, false, tokensem.ErrClosed
+	}
+	data, _, err := s.readLast(ctx, s.lay.key(controllerKey))
+	switch {
+	case errors.Is(err, errNoRecord):
+		return r, false, nil
+	case err != nil:
+		return r, false, wrapBrokerErr(fmt.Errorf("reading the controller record of %s: %w", s.name, err))
+	}
+	var e controllerEntry
+	if err := stored.Decode(data, adaptive.MaxRecordLen+64, &e); err != nil {
+		return r, false, fmt.Errorf("natssem: the controller record of %s: %w", s.name, err)
+	}
+	if e.Epoch != s.config().Epoch {
+		return r, false, nil // an earlier life's
+	}
+	if r, err = adaptive.DecodeRecord(e.Record); err != nil {
+		return r, false, fmt.Errorf("natssem: the controller record of %s: %w", s.name, err)
+	}
+	return r, true, nil
+}
