@@ -144,7 +144,7 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context) error, op
 	}()
 	start := time.Now()
 	ferr := fn(fctx)
-	if r, ok := p.(UseReporter); ok {
+	if r, ok := p.(useReporter); ok {
 		r.ReportUse(time.Since(start), errors.Is(ferr, ErrOverload))
 	}
 	close(stop)

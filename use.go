@@ -11,10 +11,10 @@ import (
 // returns it.
 var ErrOverload = errors.New("tokensem: the protected resource is overloaded")
 
-// UseReporter is implemented by the permits that carry a report of their
+// useReporter is implemented by the permits that carry a report of their
 // use to their semaphore's Observer: both backends' permits, and
 // PermitSet, which reports to each of its permits.
-type UseReporter interface {
+type useReporter interface {
 	// ReportUse records how the holder's use of the permit went (see
 	// ReportUse).
 	ReportUse(took time.Duration, overloaded bool)
@@ -26,10 +26,10 @@ type UseReporter interface {
 // Call it before Release; the report rides on p's EventRelease or
 // EventLost to the semaphore's Observer (Event.Use, Event.Overload), in
 // this process, without a broker round trip. A later report replaces an
-// earlier one. Do reports for fn by itself. A permit that is not a
-// UseReporter (a Block's permit) ignores the report.
+// earlier one. Do reports for fn by itself. Both backends' permits and
+// PermitSet carry the report; any other permit (a Block's) ignores it.
 func ReportUse(p Permit, took time.Duration, overloaded bool) {
-	if r, ok := p.(UseReporter); ok {
+	if r, ok := p.(useReporter); ok {
 		r.ReportUse(took, overloaded)
 	}
 }
