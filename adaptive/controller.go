@@ -201,7 +201,7 @@ func (c *Controller) awaitLead(ctx context.Context) (tokensem.Permit, error) {
 func (c *Controller) shadow(ctx context.Context) bool {
 	tick := time.NewTicker(c.window())
 	defer tick.Stop()
-	f := fleet{window: c.window(), busy: map[string]level{}}
+	f := c.newFleet()
 	for {
 		select {
 		case <-ctx.Done():
@@ -217,6 +217,9 @@ func (c *Controller) shadow(ctx context.Context) bool {
 		}
 	}
 }
+
+// newFleet returns an empty fleet of c's window.
+func (c *Controller) newFleet() fleet { return fleet{window: c.window(), busy: map[string]level{}} }
 
 // lead decides once a window until ctx ends or p is lost.
 func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logger) error {
@@ -245,7 +248,7 @@ func (c *Controller) lead(ctx context.Context, p tokensem.Permit, log *slog.Logg
 	}
 	tick := time.NewTicker(c.window())
 	defer tick.Stop()
-	f := fleet{window: c.window(), busy: map[string]level{}}
+	f := c.newFleet()
 	for {
 		select {
 		case <-ctx.Done():
