@@ -23,24 +23,11 @@ func (s *Semaphore) RecordController(ctx context.Context, r adaptive.Record) err
 	if err != nil {
 		return err
 	}
-	if s.isClosed() {
-		return tokensem.ErrClosed
-	}
-	ctx, unlock, err := s.lock(ctx)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	cfg, err := s.readConfig(ctx)
-	if err != nil {
-		return err
-	}
-	cfg.Controller, cfg.Seq = b, cfg.Seq+1
-	if err := s.writeConfig(ctx, cfg); err != nil {
-		return err
-	}
-	s.setConfig(cfg)
-	return nil
+	_, err = s.updateConfig(ctx, func(cfg *config) bool {
+		cfg.Controller = b
+		return true
+	})
+	return err
 }
 
 // ControllerRecord returns the record the semaphore's controller stored

@@ -22,27 +22,42 @@ func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report,
 }
 
 func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
+	var old int
+	changed, err := s.updateConfig(ctx, func(cfg *config) bool {
+		old = cfg.Permits
+		cfg.Permits = permits
+		return old != permits
+	})
+	if changed {
+		s.log.Info("resized", "from", old, "to", permits)
+	}
+	return err
+}
+
+// updateConfig reads the configuration under the creation lock, lets edit
+// change it, and writes it back (its Seq one up) if edit says it changed:
+// Resize's count and the controller record. The lock keeps every other
+// writer (a repair, a delete) out meanwhile, so no change is lost.
+func (s *Semaphore) updateConfig(ctx context.Context, edit func(*config) bool) (changed bool, err error) {
 	if s.isClosed() {
-		return tokensem.ErrClosed
+		return false, tokensem.ErrClosed
 	}
 	ctx, unlock, err := s.lock(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
 	cfg, err := s.readConfig(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if cfg.Permits == permits {
-		return nil
+	if !edit(&cfg) {
+		return false, nil
 	}
-	old := cfg.Permits
-	cfg.Permits, cfg.Seq = permits, cfg.Seq+1
+	cfg.Seq++
 	if err := s.writeConfig(ctx, cfg); err != nil {
-		return err
+		return false, err
 	}
 	s.setConfig(cfg)
-	s.log.Info("resized", "from", old, "to", permits)
-	return nil
+	return true, nil
 }
