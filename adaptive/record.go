@@ -1,9 +1,13 @@
 package adaptive
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/internal/stored"
@@ -40,8 +44,9 @@ type Change struct {
 const (
 	// MaxChanges is how many changes a Record keeps: Add drops the oldest.
 	MaxChanges = 8
-	// MaxRecordLen bounds an encoded Record.
-	MaxRecordLen = 2048
+	// MaxRecordLen bounds an encoded Record: one at every bound, of the
+	// characters JSON escapes longest, fits.
+	MaxRecordLen = 4096
 
 	maxByLen        = 96
 	maxAlgorithmLen = 16
@@ -49,14 +54,34 @@ const (
 )
 
 // Add returns r with c as its latest change, keeping the last MaxChanges;
-// a Why longer than the record allows is cut.
+// a Why longer than a record allows is cut (see Clip).
 func (r Record) Add(c Change) Record {
-	if len(c.Why) > maxWhyLen {
-		c.Why = stored.ClipString(c.Why, maxWhyLen-len("…"))
-	}
+	c.Why = Clip(c.Why, maxWhyLen)
 	changes := append(append([]Change(nil), r.Changes...), c)
 	r.Changes = changes[max(0, len(changes)-MaxChanges):]
 	return r
+}
+
+// Clip returns s as valid UTF-8 (each run of invalid bytes becomes U+FFFD,
+// as JSON would write it) without control characters (each becomes a
+// space), of at most n bytes, cut at a character and ending in "…" when
+// cut: how a Record's text fields are made to fit.
+func Clip(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' ' // JSON writes most as six bytes
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+	if len(s) <= n {
+		return s
+	}
+	const more = "…"
+	s = s[:max(0, n-len(more))]
+	for len(s) > 0 && !utf8.ValidString(s) { // cut inside a character
+		s = s[:len(s)-1]
+	}
+	return s + more
 }
 
 // Check reports what is wrong with r, wrapping tokensem.ErrInvalidRecord.
@@ -83,7 +108,22 @@ func (r Record) Check() error {
 	if err := stored.Len("a controller record's by", r.By, maxByLen); err != nil {
 		return err
 	}
-	return stored.Len("a controller record's algorithm", r.Algorithm, maxAlgorithmLen)
+	if err := stored.Len("a controller record's algorithm", r.Algorithm, maxAlgorithmLen); err != nil {
+		return err
+	}
+	// JSON writes each invalid byte as U+FFFD, three bytes, and most
+	// control characters as six: text must be UTF-8 without them (Clip
+	// makes it so) to fit its bounds both ways.
+	texts := []string{r.By, r.Algorithm}
+	for _, c := range r.Changes {
+		texts = append(texts, c.Why)
+	}
+	for _, f := range texts {
+		if !utf8.ValidString(f) || strings.IndexFunc(f, unicode.IsControl) >= 0 {
+			return stored.Invalid("a controller record's text %s is not UTF-8 without control characters", stored.Clip([]byte(f)))
+		}
+	}
+	return nil
 }
 
 // EncodeRecord returns r as a backend stores it. Errors wrap
@@ -92,11 +132,14 @@ func EncodeRecord(r Record) ([]byte, error) {
 	if err := r.Check(); err != nil {
 		return nil, fmt.Errorf("%w: %w", tokensem.ErrInvalidOption, err)
 	}
-	b, err := json.Marshal(r)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // < > & as themselves, not six bytes each
+	if err := enc.Encode(r); err != nil {
 		return nil, fmt.Errorf("%w: %w", tokensem.ErrInvalidOption, err)
 	}
-	if len(b) > MaxRecordLen { // only strings JSON escapes at length reach it
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if len(b) > MaxRecordLen { // not within Check's bounds (see MaxRecordLen)
 		return nil, fmt.Errorf("%w: a controller record of %d bytes (at most %d)", tokensem.ErrInvalidOption, len(b), MaxRecordLen)
 	}
 	return b, nil

@@ -5,19 +5,45 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/adaptive"
 )
 
+// fullRecord is a record at every bound, of the characters JSON escapes
+// longest (besides the control characters a record may not have).
 func fullRecord() adaptive.Record {
 	at := time.Date(2026, 11, 28, 3, 4, 5, 123456789, time.FixedZone("x", -9*3600-30*60))
-	r := adaptive.Record{By: strings.Repeat("b", 96), Leader: strings.Repeat("l", tokensem.MaxNameLen),
-		Min: tokensem.MaxPermits - 1, Max: tokensem.MaxPermits, Algorithm: strings.Repeat("a", 16), Since: at, At: at}
+	r := adaptive.Record{By: strings.Repeat(`"`, 96), Leader: strings.Repeat("l", tokensem.MaxNameLen),
+		Min: tokensem.MaxPermits - 1, Max: tokensem.MaxPermits, Algorithm: strings.Repeat(`\`, 16), Since: at, At: at}
 	for range adaptive.MaxChanges + 3 {
-		r = r.Add(adaptive.Change{At: at, From: tokensem.MaxPermits, To: tokensem.MaxPermits, Why: strings.Repeat("w", 200)})
+		r = r.Add(adaptive.Change{At: at, From: tokensem.MaxPermits, To: tokensem.MaxPermits, Why: strings.Repeat(`"<\`, 100)})
 	}
 	return r
+}
+
+// Clip makes any text fit a record: valid UTF-8, no control characters,
+// at most n bytes, cut at a character.
+func TestClip(t *testing.T) {
+	for _, s := range []string{strings.Repeat("x", 92) + "→ab", strings.Repeat("é", 60), "bad \xff\xfe bytes\n\x00" + strings.Repeat("µ", 50), "short"} {
+		got := adaptive.Clip(s, 96)
+		if len(got) > 96 || !utf8.ValidString(got) || strings.IndexFunc(got, unicode.IsControl) >= 0 {
+			t.Errorf("Clip(%q, 96) = %q (%d bytes)", s, got, len(got))
+		}
+		r := adaptive.Record{By: adaptive.Clip(s, 96), Leader: "x", Min: 1, Max: 2}.Add(adaptive.Change{From: 1, To: 2, Why: s})
+		b, err := adaptive.EncodeRecord(r)
+		if err != nil {
+			t.Fatalf("a record of %q: %v", s, err)
+		}
+		if _, err := adaptive.DecodeRecord(b); err != nil {
+			t.Errorf("a record of %q does not read back: %v", s, err)
+		}
+	}
+	if got := adaptive.Clip("short", 96); got != "short" {
+		t.Errorf("Clip cut a short text: %q", got)
+	}
 }
 
 // A record at every bound encodes within MaxRecordLen and reads back the

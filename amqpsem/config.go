@@ -1,6 +1,7 @@
 package amqpsem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -68,10 +69,12 @@ type config struct {
 	// is retired (see classify).
 	Reissued map[int]reissue `json:"reissued,omitempty"`
 	// Controller is the record of the controller that leads the count
-	// (see RecordController), as adaptive.EncodeRecord wrote it: its
-	// length is checked here, its content when it is read
-	// (ControllerRecord), so that a bad one fails only that read.
+	// (see RecordController), as adaptive.EncodeRecord writes it. One
+	// read back that is not such a record is dropped (ctlErr says why,
+	// for ControllerRecord alone), so the next write of the configuration
+	// leaves it out: a bad record costs only itself.
 	Controller json.RawMessage `json:"ctl,omitempty"`
+	ctlErr     error
 
 	// readAt is when the read that returned this configuration began (or,
 	// for one this client wrote, when the write ended): it was current
@@ -150,12 +153,18 @@ func (c config) withReissued(index int, tok tokensem.Token, base uint64) config 
 	return c
 }
 
+// encode returns c as stored. It writes <, > and & as themselves: the
+// standard encoder's six-byte escapes would grow the controller record
+// (written as adaptive.EncodeRecord encodes it, within its bound) at
+// every write.
 func (c config) encode() []byte {
-	b, err := json.Marshal(c)
-	if err != nil {
-		panic(err) // a struct of strings and numbers always marshals
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(c); err != nil {
+		panic(err) // a struct of strings, numbers and a checked record always marshals
 	}
-	return b
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // A stored configuration is a few hundred bytes, plus a controller record
@@ -197,7 +206,28 @@ func decodeConfig(name string, b []byte) (config, error) {
 	if err != nil {
 		return config{}, invalidConfig(name, err)
 	}
+	c.canonicalController()
 	return c, nil
+}
+
+// canonicalController replaces the stored controller record with its
+// encoding by adaptive.EncodeRecord, which the next write of c stores (so
+// its size is bounded, whoever wrote it), or drops it, noting why in
+// ctlErr, when it is not a record.
+func (c *config) canonicalController() {
+	if len(c.Controller) == 0 {
+		return
+	}
+	r, err := adaptive.DecodeRecord(c.Controller)
+	if err == nil {
+		c.Controller, err = adaptive.EncodeRecord(r)
+	}
+	if err != nil && !errors.Is(err, tokensem.ErrInvalidRecord) {
+		err = stored.Invalid("a controller record that does not fit once written again: %v", err)
+	}
+	if err != nil {
+		c.Controller, c.ctlErr = nil, err
+	}
 }
 
 // invalidConfig says that semaphore name's configuration is invalid (err
@@ -238,9 +268,6 @@ func (c config) check() error {
 		case r.Base == 0 || r.Base >= maxBase:
 			return stored.Invalid("reissued slot %d: fence base %d outside 1..2^63-1", i, r.Base)
 		}
-	}
-	if len(c.Controller) > adaptive.MaxRecordLen {
-		return stored.Invalid("a controller record of %d bytes (at most %d)", len(c.Controller), adaptive.MaxRecordLen)
 	}
 	return stored.Len("key_check", c.KeyCheck, 64)
 }

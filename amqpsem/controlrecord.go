@@ -23,9 +23,13 @@ func (s *Semaphore) RecordController(ctx context.Context, r adaptive.Record) err
 	if err != nil {
 		return err
 	}
-	_, err = s.updateConfig(ctx, func(cfg *config) bool {
+	epoch := s.config().Epoch
+	_, err = s.updateConfig(ctx, func(cfg *config) (bool, error) {
+		if cfg.Epoch != epoch { // deleted, and made again since this handle opened
+			return false, fmt.Errorf("%w: %s was deleted (and made again)", tokensem.ErrNotInitialized, s.name)
+		}
 		cfg.Controller = b
-		return true
+		return true, nil
 	})
 	return err
 }
@@ -42,8 +46,13 @@ func (s *Semaphore) ControllerRecord(ctx context.Context) (r adaptive.Record, ok
 		return r, false, tokensem.ErrClosed
 	}
 	cfg, err := s.readConfig(ctx)
-	if err != nil || len(cfg.Controller) == 0 {
+	switch {
+	case err != nil:
 		return r, false, err
+	case cfg.ctlErr != nil:
+		return r, false, fmt.Errorf("amqpsem: the controller record of %s: %w", s.name, cfg.ctlErr)
+	case len(cfg.Controller) == 0 || cfg.Epoch != s.config().Epoch:
+		return r, false, nil
 	}
 	if r, err = adaptive.DecodeRecord(cfg.Controller); err != nil {
 		return r, false, fmt.Errorf("amqpsem: the controller record of %s: %w", s.name, err)

@@ -23,10 +23,10 @@ func (s *Semaphore) Resize(ctx context.Context, permits int) (reconciler.Report,
 
 func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 	var old int
-	changed, err := s.updateConfig(ctx, func(cfg *config) bool {
+	changed, err := s.updateConfig(ctx, func(cfg *config) (bool, error) {
 		old = cfg.Permits
 		cfg.Permits = permits
-		return old != permits
+		return old != permits, nil
 	})
 	if changed {
 		s.log.Info("resized", "from", old, "to", permits)
@@ -35,10 +35,11 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 }
 
 // updateConfig reads the configuration under the creation lock, lets edit
-// change it, and writes it back (its Seq one up) if edit says it changed:
+// change it, and writes it back (its Seq one up) if edit says it changed
+// (an error from edit ends it, writing nothing):
 // Resize's count and the controller record. The lock keeps every other
 // writer (a repair, a delete) out meanwhile, so no change is lost.
-func (s *Semaphore) updateConfig(ctx context.Context, edit func(*config) bool) (changed bool, err error) {
+func (s *Semaphore) updateConfig(ctx context.Context, edit func(*config) (bool, error)) (changed bool, err error) {
 	if s.isClosed() {
 		return false, tokensem.ErrClosed
 	}
@@ -51,8 +52,8 @@ func (s *Semaphore) updateConfig(ctx context.Context, edit func(*config) bool) (
 	if err != nil {
 		return false, err
 	}
-	if !edit(&cfg) {
-		return false, nil
+	if ok, err := edit(&cfg); !ok || err != nil {
+		return false, err
 	}
 	cfg.Seq++
 	if err := s.writeConfig(ctx, cfg); err != nil {

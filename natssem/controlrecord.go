@@ -1,10 +1,13 @@
 package natssem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/adaptive"
@@ -43,9 +46,26 @@ func (s *Semaphore) RecordController(ctx context.Context, r adaptive.Record) err
 	if s.isClosed() {
 		return tokensem.ErrClosed
 	}
+	// Not into a semaphore deleted meanwhile (a key of a group would
+	// leave the record in the group's bucket), nor into a later life.
+	cfg, _, err := s.readConfig(ctx)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound): // the bucket went with a lone semaphore
+		return fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
+	case err != nil:
+		return err
+	case cfg.State == stateDeleting || cfg.Epoch != s.config().Epoch:
+		return fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
+	}
+	var entry bytes.Buffer
+	enc := json.NewEncoder(&entry)
+	enc.SetEscapeHTML(false) // the record as EncodeRecord wrote it, within its bound
+	if err := enc.Encode(controllerEntry{Epoch: cfg.Epoch, Record: b}); err != nil {
+		return fmt.Errorf("natssem: %w", err)
+	}
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	if _, err := s.kv.Put(rctx, s.lay.key(controllerKey), mustMarshal(controllerEntry{Epoch: s.config().Epoch, Record: b})); err != nil {
+	if _, err := s.kv.Put(rctx, s.lay.key(controllerKey), entry.Bytes()); err != nil {
 		return wrapBrokerErr(err)
 	}
 	return nil
@@ -65,6 +85,8 @@ func (s *Semaphore) ControllerRecord(ctx context.Context) (r adaptive.Record, ok
 	switch {
 	case errors.Is(err, errNoRecord):
 		return r, false, nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return r, false, fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
 	case err != nil:
 		return r, false, wrapBrokerErr(fmt.Errorf("reading the controller record of %s: %w", s.name, err))
 	}

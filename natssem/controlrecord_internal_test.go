@@ -3,6 +3,7 @@ package natssem
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,7 +27,7 @@ func TestControllerRecordWrittenByOthers(t *testing.T) {
 	rec, _ := adaptive.EncodeRecord(good)
 	for what, data := range map[string][]byte{
 		"junk":              []byte("not json"),
-		"1 MiB":             bytes.Repeat([]byte("x"), 1<<20),
+		"900 KiB":           bytes.Repeat([]byte("x"), 900<<10),
 		"a bad record":      mustMarshal(controllerEntry{Epoch: s.config().Epoch, Record: []byte(`{"by":"","leader":"x","min":1,"max":2}`)}),
 		"a long record":     mustMarshal(controllerEntry{Epoch: s.config().Epoch, Record: append(append([]byte(`{"by":"me","leader":"x","min":1,"max":2,"algorithm":"`), bytes.Repeat([]byte("a"), adaptive.MaxRecordLen)...), `"}`...)}),
 		"an earlier life's": mustMarshal(controllerEntry{Epoch: s.config().Epoch + 1, Record: rec}),
@@ -52,10 +53,23 @@ func TestControllerRecordWrittenByOthers(t *testing.T) {
 			t.Fatalf("%s: status beside it: %+v, %v", what, st, err)
 		}
 	}
+	// What JSON may escape six bytes long, at the record's bounds, is
+	// stored as itself.
+	for range adaptive.MaxChanges {
+		good = good.Add(adaptive.Change{From: 1, To: 2, Why: strings.Repeat("<&>", 32)})
+	}
 	if err := s.RecordController(ctx, good); err != nil {
 		t.Fatal(err)
 	}
-	if r, ok, err := s.ControllerRecord(ctx); err != nil || !ok || r.By != "me" {
+	if r, ok, err := s.ControllerRecord(ctx); err != nil || !ok || r.By != "me" || len(r.Changes) != adaptive.MaxChanges {
 		t.Fatalf("after a good record: %+v, %v, %v", r, ok, err)
+	}
+	// A semaphore deleted meanwhile gets no record (in a group, it would
+	// stay in the group's bucket).
+	if err := Delete(ctx, nc, "ctl"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordController(ctx, good); !errors.Is(err, tokensem.ErrNotInitialized) {
+		t.Fatalf("a record of a deleted semaphore: %v; want ErrNotInitialized", err)
 	}
 }

@@ -158,7 +158,11 @@ func runAdapt(ctx context.Context, e env, args []string) error {
 			}
 			ev := adaptEvent{Event: "resize", Name: *name, At: d.At, From: d.From, To: d.To, Reports: d.Reports, Holds: d.Sample.Holds,
 				Overloaded: d.Sample.Drops, Busy: d.Sample.Busy, LatencyMS: float64(d.Sample.RTT.Microseconds()) / 1000}
-			if keeper != nil && (d.Err != nil || d.To != d.From) {
+			switch {
+			case keeper == nil:
+			case errors.Is(d.Err, adaptive.ErrNotLeading):
+				keeper.lost() // the next leader records itself
+			case d.Err != nil || d.To != d.From:
 				why := fmt.Sprintf("latency %s, %.1f busy, %d of %d holds overloaded", d.Sample.RTT.Round(100*time.Microsecond),
 					d.Sample.Busy, d.Sample.Drops, d.Sample.Holds)
 				if d.Err != nil {

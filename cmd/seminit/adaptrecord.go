@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tokensem/tokensem"
 	"github.com/tokensem/tokensem/adaptive"
 	"github.com/tokensem/tokensem/internal/ratelog"
 )
@@ -40,7 +42,7 @@ type recordKeeper struct {
 
 func newRecordKeeper(s controlRecorder, base adaptive.Record, timeout time.Duration, log *slog.Logger) *recordKeeper {
 	host, _ := os.Hostname()
-	base.By = fmt.Sprintf("seminit adapt on %.60s (pid %d)", host, os.Getpid())
+	base.By = fmt.Sprintf("seminit adapt on %s (pid %d)", adaptive.Clip(host, 60), os.Getpid())
 	return &recordKeeper{s: s, rec: base, timeout: timeout, log: log, kick: make(chan struct{}, 1)}
 }
 
@@ -50,6 +52,14 @@ func (k *recordKeeper) led(at time.Time) {
 	k.rec.Since, k.rec.Changes, k.leading, k.merge = at, nil, true, true
 	k.mu.Unlock()
 	k.poke()
+}
+
+// lost notes that the controller no longer leads: it writes no more until
+// it leads again.
+func (k *recordKeeper) lost() {
+	k.mu.Lock()
+	k.leading = false
+	k.mu.Unlock()
 }
 
 // changed notes a change of the count while leading.
@@ -67,16 +77,26 @@ func (k *recordKeeper) poke() {
 	}
 }
 
-// run writes the record each time it changed, until ctx ends.
+// recordRetry is how soon a record that could not be written is tried
+// again.
+const recordRetry = 2 * time.Second
+
+// run writes the record each time it changed, and again after a write that
+// failed, until ctx ends.
 func (k *recordKeeper) run(ctx context.Context) {
+	retry := time.NewTimer(0)
+	<-retry.C
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-k.kick:
+		case <-retry.C:
 		}
 		if err := k.write(ctx); err != nil && ctx.Err() == nil {
 			k.warn.Warn(k.log, "could not record the controller for seminit status; it goes on controlling", "err", err)
+			retry.Reset(recordRetry)
 		}
 	}
 }
@@ -93,9 +113,12 @@ func (k *recordKeeper) write(ctx context.Context) error {
 	var prior []adaptive.Change
 	if merge {
 		old, ok, err := k.s.ControllerRecord(ctx)
-		if err != nil {
-			k.warn.Warn(k.log, "could not read the last controller's record; its changes are not kept", "err", err)
-		} else if ok {
+		switch {
+		case errors.Is(err, tokensem.ErrInvalidRecord):
+			// Not a record (written by someone else): nothing to keep.
+		case err != nil:
+			return fmt.Errorf("reading the last controller's record: %w", err) // tried again
+		case ok:
 			prior = old.Changes
 		}
 	}
