@@ -53,8 +53,11 @@ type Event struct {
 
 	// Use is how long the holder's use of the permit took, as it reported
 	// it (see ReportUse; Do reports fn's run), else Held; Overload says
-	// that the holder reported the protected resource overloaded.
+	// that the holder reported the protected resource overloaded;
+	// Reported, that the holder reported at all (a permit let go unused,
+	// such as the part of an AcquireN that failed, did not).
 	// EventRelease, EventLost.
 	Use      time.Duration
 	Overload bool
+	Reported bool
 }

@@ -24,6 +24,8 @@ type Window struct {
 	holds    int
 	drops    int
 	use      time.Duration // summed over the window's holds
+	reported int           // the holds whose holder reported its use (Event.Reported)
+	repUse   time.Duration // summed over those
 }
 
 // NewWindow returns a Window of semaphore name's events; it ignores other
@@ -65,6 +67,10 @@ func (w *Window) Observe(e tokensem.Event) {
 		w.inFlight--
 		w.holds++
 		w.use += e.Use
+		if e.Reported {
+			w.reported++
+			w.repUse += e.Use
+		}
 		if e.Overload {
 			w.drops++
 		}
@@ -73,7 +79,10 @@ func (w *Window) Observe(e tokensem.Event) {
 
 // Take returns the sample of the window that ends now and starts the next:
 // its holds are those that ended since the last Take (or NewWindow), its
-// Busy the permits this process held on average meanwhile.
+// Busy the permits this process held on average meanwhile. When some of
+// the holds reported their use (ReportUse, Do), Holds and RTT are theirs
+// alone: a permit let go unused (a failed AcquireN's) would pull the
+// latency down; when none did, they are every hold's, by its Held.
 func (w *Window) Take() Sample {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -83,9 +92,13 @@ func (w *Window) Take() Sample {
 	if d := now.Sub(w.start).Seconds(); d > 0 {
 		s.Busy = w.area / d
 	}
-	if w.holds > 0 {
-		s.RTT = w.use / time.Duration(w.holds)
+	use := w.use
+	if w.reported > 0 {
+		s.Holds, use = w.reported, w.repUse
 	}
-	w.start, w.area, w.holds, w.drops, w.use = now, 0, 0, 0, 0
+	if s.Holds > 0 {
+		s.RTT = use / time.Duration(s.Holds)
+	}
+	w.start, w.area, w.holds, w.drops, w.use, w.reported, w.repUse = now, 0, 0, 0, 0, 0, 0
 	return s
 }

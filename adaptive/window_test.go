@@ -49,3 +49,29 @@ func TestWindowBusy(t *testing.T) {
 		t.Fatalf("no permit held: Busy %v", s.Busy)
 	}
 }
+
+// TestWindowReportedHolds: when some holds of a window reported their use,
+// its Holds and RTT are theirs: a permit let go unused (Use = Held, a
+// moment) does not pull the latency down; when none reported, every hold
+// counts by its Held.
+func TestWindowReportedHolds(t *testing.T) {
+	const name = "w"
+	w := adaptive.NewWindow(name)
+	end := func(use time.Duration, reported, overload bool) {
+		w.Observe(tokensem.Event{Semaphore: name, Kind: tokensem.EventAcquire, Outcome: tokensem.OutcomeAcquired, Permits: 4})
+		w.Observe(tokensem.Event{Semaphore: name, Kind: tokensem.EventRelease, Permits: 4, Use: use, Reported: reported, Overload: overload})
+	}
+	end(50*time.Millisecond, true, false)
+	end(30*time.Millisecond, true, true)
+	for range 8 {
+		end(time.Millisecond, false, false) // an AcquireN's permits let go
+	}
+	if s := w.Take(); s.Holds != 2 || s.RTT != 40*time.Millisecond || s.Drops != 1 {
+		t.Fatalf("two reported holds of 50 and 30 ms beside 8 unreported of 1 ms: %+v; want 2 holds, RTT 40 ms, 1 drop", s)
+	}
+	end(time.Millisecond, false, false)
+	end(3*time.Millisecond, false, false)
+	if s := w.Take(); s.Holds != 2 || s.RTT != 2*time.Millisecond {
+		t.Fatalf("two unreported holds of 1 and 3 ms: %+v; want 2 holds, RTT 2 ms", s)
+	}
+}

@@ -49,7 +49,7 @@ func (s *State) observe(kind tokensem.EventKind, err error) {
 	e := s.event
 	e.Kind, e.Held, e.Err = kind, time.Since(s.started), err
 	s.mu.Lock()
-	e.Use, e.Overload = s.use, s.overload
+	e.Use, e.Overload, e.Reported = s.use, s.overload, s.reported
 	if !s.reported {
 		e.Use = e.Held
 	}

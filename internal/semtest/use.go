@@ -66,8 +66,8 @@ func testUseReports(t *testing.T, b Backend) {
 	if err := tokensem.Do(ctx, s, func(context.Context) error { time.Sleep(30 * time.Millisecond); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if e := one("Do"); e.Use < 30*time.Millisecond || e.Use >= e.Held || e.Overload {
-		t.Errorf("Do of a 30 ms fn reported use %v (held %v), overload %v", e.Use, e.Held, e.Overload)
+	if e := one("Do"); e.Use < 30*time.Millisecond || e.Use >= e.Held || e.Overload || !e.Reported {
+		t.Errorf("Do of a 30 ms fn reported use %v (held %v), overload %v, reported %v", e.Use, e.Held, e.Overload, e.Reported)
 	}
 	refused := fmt.Errorf("downstream said 503: %w", tokensem.ErrOverload)
 	if err := tokensem.Do(ctx, s, func(context.Context) error { return refused }); !errors.Is(err, tokensem.ErrOverload) {
@@ -87,8 +87,8 @@ func testUseReports(t *testing.T, b Backend) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e := one("reported permit"); e.Use != 7*time.Millisecond || !e.Overload {
-		t.Errorf("a permit reported 7 ms, overloaded: the event says %v, overload %v", e.Use, e.Overload)
+	if e := one("reported permit"); e.Use != 7*time.Millisecond || !e.Overload || !e.Reported {
+		t.Errorf("a permit reported 7 ms, overloaded: the event says %v, overload %v, reported %v", e.Use, e.Overload, e.Reported)
 	}
 	tokensem.ReportUse(p, time.Minute, false) // after the release: nothing changes, nothing breaks
 	if p, err = s.Acquire(ctx); err != nil {
@@ -97,19 +97,21 @@ func testUseReports(t *testing.T, b Backend) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e := one("unreported permit"); e.Use != e.Held || e.Overload {
-		t.Errorf("an unreported permit's event says use %v, held %v, overload %v", e.Use, e.Held, e.Overload)
+	if e := one("unreported permit"); e.Use != e.Held || e.Overload || e.Reported {
+		t.Errorf("an unreported permit's event says use %v, held %v, overload %v, reported %v", e.Use, e.Held, e.Overload, e.Reported)
 	}
+	// The window counts the three reported holds, not the unreported one
+	// (its Held would stand for a use it never reported).
 	sample := w.Take()
-	want := adaptive.Sample{Limit: 3, Holds: 4, Drops: 2}
+	want := adaptive.Sample{Limit: 3, Holds: 3, Drops: 2}
 	if sample.Limit != want.Limit || sample.Holds != want.Holds || sample.Drops != want.Drops {
 		t.Errorf("window sample %+v, want %+v", sample, want)
 	}
 	if sample.Busy <= 0 || sample.Busy > 1 {
 		t.Errorf("window's mean permits held %v, one at a time: want (0, 1]", sample.Busy)
 	}
-	if sample.RTT < 30*time.Millisecond/4 {
-		t.Errorf("window latency %v: less than a quarter of the 30 ms hold among the four", sample.RTT)
+	if sample.RTT < (30+7)*time.Millisecond/3 {
+		t.Errorf("window latency %v: less than the mean of the 30 ms, the overloaded and the 7 ms reports", sample.RTT)
 	}
 
 	// A weighted caller's set: each permit is a use; the window sees them
