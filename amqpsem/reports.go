@@ -21,11 +21,16 @@ func reportKey(name string) string { return "tokensem." + name + ".reports" }
 // A controller's report queue keeps at most reportQueueLen reports and
 // reportQueueBytes bytes, dropping the oldest (and one larger than that
 // at once): a flood of reports, or one huge forged report, costs the
-// controller neither broker memory nor its own.
+// controller neither broker memory nor its own. The caps bound only the
+// messages that wait in the queue: RabbitMQ hands a consumer a message at
+// once, whatever its size (3.10.8: a 4 MiB message published to such a
+// queue reached its consumer whole; with none, it was dropped at once).
+// So the controller takes its reports with basic.get every reportPoll,
+// never through a consumer.
 const (
 	reportQueueLen   = 1000
 	reportQueueBytes = 256 << 10
-	reportPrefetch   = 64
+	reportPoll       = 100 * time.Millisecond
 )
 
 // PublishReport sends r, this process's adaptive report of one window, to
@@ -54,9 +59,9 @@ func (s *Semaphore) PublishReport(ctx context.Context, r adaptive.Report) error 
 
 // SubscribeReports delivers the semaphore's adaptive reports, those of
 // every process of the fleet, on out for a controller, until stop is
-// called: through a queue of its own (exclusive, deleted with its
-// channel) bound to the semaphore's exchange, made again after the
-// connection comes back. A report that does not decode
+// called: through a queue of its own (exclusive, deleted by stop or with
+// its connection) bound to the semaphore's exchange, which it empties
+// every 100 ms (reportPoll), made again after the connection comes back. A report that does not decode
 // (adaptive.DecodeReport) is dropped with a warning; one that finds out
 // full is dropped (the controller reads once a window, and the next
 // window's reports follow). It needs configure, write and read permission
@@ -90,12 +95,12 @@ func (s *Semaphore) SubscribeReports(ctx context.Context, out chan<- adaptive.Re
 	return func() { cancel(); <-done }, nil
 }
 
-// consumeReports hands reports on until ctx ends, consuming again after a
-// lost connection, until ctx ends or the Conn is closed; the first
-// consume's error goes to first.
+// consumeReports hands reports on until ctx ends, taking them again after
+// a lost connection, until ctx ends or the Conn is closed; the first
+// subscribe's error goes to first.
 func (s *Semaphore) consumeReports(ctx context.Context, out chan<- adaptive.Report, first chan<- error) {
 	for {
-		ch, deliveries, err := s.reportConsumer(ctx)
+		ch, q, err := s.reportQueue(ctx)
 		if first != nil {
 			first <- err
 			if err != nil {
@@ -105,12 +110,12 @@ func (s *Semaphore) consumeReports(ctx context.Context, out chan<- adaptive.Repo
 		}
 		switch {
 		case err == nil:
-			s.forwardReports(ctx, deliveries, out)
-			_ = ch.Close()
+			s.pollReports(ctx, ch, q, out)
+			s.dropReportQueue(ch, q)
 		case errors.Is(err, tokensem.ErrClosed):
 			return
 		case ctx.Err() == nil:
-			s.log.Warn("consuming adaptive reports failed; trying again", "semaphore", s.name, "error", err)
+			s.log.Warn("subscribing to adaptive reports failed; trying again", "semaphore", s.name, "error", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -120,58 +125,78 @@ func (s *Semaphore) consumeReports(ctx context.Context, out chan<- adaptive.Repo
 	}
 }
 
-// reportConsumer declares a report queue of this subscriber's own, binds
-// it, and consumes it.
-func (s *Semaphore) reportConsumer(ctx context.Context) (*channel, <-chan amqp.Delivery, error) {
+// reportQueue declares a report queue of this subscriber's own and binds
+// it.
+func (s *Semaphore) reportQueue(ctx context.Context) (*channel, string, error) {
 	ch, _, err := s.c.channel(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	var deliveries <-chan amqp.Delivery
+	var q amqp.Queue
 	err = s.c.rpc(rctx, ch, func() error {
-		q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{
+		dq, err := ch.QueueDeclare("", false, false, true, false, amqp.Table{
 			"x-queue-type": "classic", "x-max-length": int64(reportQueueLen), "x-max-length-bytes": int64(reportQueueBytes),
 		})
 		if err != nil {
 			return err
 		}
-		if err := ch.QueueBind(q.Name, reportKey(s.name), exchangeName(s.name), false, nil); err != nil {
-			return err
-		}
-		// Acknowledged one by one after decoding, at most reportPrefetch
-		// ahead: the queue's caps then bound what waits, where an
-		// automatic ack would push everything into this client's memory.
-		if err := ch.Qos(reportPrefetch, 0, false); err != nil {
-			return err
-		}
-		deliveries, err = ch.Consume(q.Name, "", false, true, false, false, nil)
-		return err
+		q = dq
+		return ch.QueueBind(q.Name, reportKey(s.name), exchangeName(s.name), false, nil)
 	}, nil)
 	if err != nil {
 		_ = ch.Close()
-		return nil, nil, wrapBrokerErr("subscribe to adaptive reports", err)
+		return nil, "", wrapBrokerErr("subscribe to adaptive reports", err)
 	}
-	return ch, deliveries, nil
+	return ch, q.Name, nil
 }
 
-// forwardReports hands decoded reports on until ctx ends or the
-// deliveries stop (the channel or connection closed).
-func (s *Semaphore) forwardReports(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- adaptive.Report) {
+// pollReports takes the reports waiting in queue q every reportPoll and
+// hands the decoded ones on, until ctx ends or a take fails (the channel
+// or connection closed).
+func (s *Semaphore) pollReports(ctx context.Context, ch *channel, q string, out chan<- adaptive.Report) {
 	var warn ratelog.Limited // anyone who may publish on the exchange can send junk
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case d, ok := <-deliveries:
-			if !ok {
+		for {
+			var d amqp.Delivery
+			var ok bool
+			rctx, cancel := s.rtt(ctx)
+			err := s.c.rpc(rctx, ch, func() (err error) {
+				d, ok, err = ch.Get(q, true)
+				return err
+			}, nil)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("taking adaptive reports failed; subscribing again", "semaphore", s.name, "error", err)
+				}
 				return
 			}
-			_ = d.Ack(false)
+			if !ok {
+				break // none waits
+			}
 			if err := adaptive.Offer(out, d.Body); err != nil {
 				warn.Warn(s.log, "dropping an adaptive report", "semaphore", s.name, "error", err)
 			}
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(reportPoll):
+		}
 	}
+}
+
+// dropReportQueue deletes the subscriber's queue, if its channel still
+// works (else its connection's end deletes it: it is exclusive), and
+// closes the channel.
+func (s *Semaphore) dropReportQueue(ch *channel, q string) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
+	defer cancel()
+	_ = s.c.rpc(ctx, ch, func() error {
+		_, err := ch.QueueDelete(q, false, false, false)
+		return err
+	}, nil)
+	_ = ch.Close()
 }

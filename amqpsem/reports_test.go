@@ -91,3 +91,51 @@ func TestReportsReachTheController(t *testing.T) {
 		}
 	}
 }
+
+// TestHugeReportNotReceived: a forged report of 60 MB published on the
+// report key never reaches the controller's memory (a consumer would be
+// handed it whole, whatever the queue's caps: the subscription takes its
+// reports with basic.get, and the queue's cap drops it first), and the
+// reports after it still come.
+func TestHugeReportNotReceived(t *testing.T) {
+	// Not parallel: the heap of the whole test process is measured.
+	ctx := semtest.Context(t, time.Minute)
+	n := name(t)
+	s := initAMQP(t, n, 2)
+	got := make(chan adaptive.Report, 8)
+	stop, err := s.SubscribeReports(ctx, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	huge := bytes.Repeat([]byte("x"), oversized)
+	ch := rawChannel(t)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	want := adaptive.Report{From: "p1", Sample: adaptive.Sample{Limit: 2, Holds: 3}}
+	peak, _ := heapCost(func() {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "tokensem."+n+".x", "tokensem."+n+".reports", false, false, amqp.Publishing{Body: huge})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dc.WaitContext(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.PublishReport(ctx, want); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-got:
+			if r != want {
+				t.Errorf("received %+v, want %+v", r, want)
+			}
+		case <-ctx.Done():
+			t.Error("the report after the huge one never came")
+		}
+	})
+	t.Logf("a %d-byte report and a good one: the heap grew by at most %d kB", len(huge), peak>>10)
+	if peak > 10<<20 {
+		t.Errorf("a %d-byte forged report: the heap grew by %d MB, want under 10 MB", len(huge), peak>>20)
+	}
+}
