@@ -46,7 +46,8 @@ func TestInvalidConfigFields(t *testing.T) {
 		{"reissued token id", "reissued", map[string]any{"1": map[string]any{"id": "not-an-id", "base": 1}}, `token id "not-an-id"`},
 		{"reissued base zero", "reissued", map[string]any{"1": map[string]any{"id": id, "base": 0}}, "fence base 0 outside"},
 		{"reissued not a map", "reissued", []int{1, 2}, "not JSON of the expected shape"},
-		{"padded", "pad", strings.Repeat("x", 5000), "more than the 4096 a configuration of 0 reissued slots may have"},
+		{"padded", "pad", strings.Repeat("x", 9000), "more than the 8192 a configuration of 0 reissued slots may have"}, // 4 KiB + a controller record's
+		{"a controller record of junk", "ctl", strings.Repeat("x", 9000), "more than the 8192 a configuration of 0 reissued slots may have"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
