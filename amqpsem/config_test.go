@@ -45,7 +45,10 @@ func TestConfigExistsOnce(t *testing.T) {
 	t.Parallel()
 	n := name(t)
 	initAMQP(t, n, 2)
-	ctx := semtest.Context(t, time.Minute)
+	// 20 resizes and censuses, one at a time under the creation lock:
+	// about 20 s beside the package's other tests, 65 s once on a loaded
+	// CI machine (two hogs and every package at once).
+	ctx := semtest.Context(t, 3*time.Minute)
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for i := range 4 {
