@@ -20,25 +20,13 @@ import (
 // leader on another node. Its node may already have dropped its inbox while
 // the leader still counts it (the route's unsubscribe and the delivery cross
 // on the wire): a token delivered then is lost to everyone until the
-// server's ack wait, a whole lease. The next waiter must get it at once:
-// whether the quitter's waiter lingers for reuse or, beyond the lingering
-// waiters a Semaphore keeps (here none), is retired.
+// server's ack wait, a whole lease. The next waiter must get it at once.
 func TestClusterCancelledWaiterStrandsNothing(t *testing.T) {
 	t.Parallel()
-	for _, retired := range []bool{false, true} {
-		t.Run(map[bool]string{false: "lingering", true: "retired"}[retired], func(t *testing.T) {
-			t.Parallel()
-			testCancelledWaiterStrandsNothing(t, retired)
-		})
-	}
-}
-
-func testCancelledWaiterStrandsNothing(t *testing.T, retired bool) {
-	const lease = 30 * time.Second
-	trials := 200
-	if retired {
-		trials = 100 // without retirement, a token was stranded by trial 11
-	}
+	const (
+		lease  = 30 * time.Second
+		trials = 200
+	)
 	c := cluster(t)
 	ctx := semtest.Context(t, 4*time.Minute)
 	name := fmt.Sprintf("cancel-strand-%d", time.Now().UnixNano())
@@ -55,15 +43,6 @@ func testCancelledWaiterStrandsNothing(t *testing.T, retired bool) {
 	// The holder talks to the leader, so its Nak reaches it first; the
 	// waiter that gives up is on another node.
 	holder, quitter, next := openOn(ctx, t, leader, name), openOn(ctx, t, (leader+1)%3, name), openOn(ctx, t, (leader+2)%3, name)
-	if retired {
-		natssem.SetLingerCap(quitter, 0)
-	}
-	retirements := 0
-	defer func() {
-		if retired {
-			t.Logf("the quitter's waiter was retired with its pull queued in %d of %d trials", retirements, trials)
-		}
-	}()
 	waiting := func(n int) func() bool {
 		return func() bool {
 			info, err := cons.Info(ctx)
@@ -109,11 +88,7 @@ func testCancelledWaiterStrandsNothing(t *testing.T, retired bool) {
 		}
 		spin(gap)
 		quit()
-		p := <-qdone
-		if natssem.Retiring(quitter) > 0 {
-			retirements++
-		}
-		if p != nil {
+		if p := <-qdone; p != nil {
 			wins++
 			// The quitter saw the token before its cancel: no race this
 			// time; hand it on.

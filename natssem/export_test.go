@@ -26,18 +26,3 @@ func SplitRelease(ctx context.Context, tp tokensem.Permit) (nak func() error, er
 		return err
 	}, nil
 }
-
-// SetLingerCap sets how many waiters s keeps lingering with a pull queued
-// (maxLingering): 0 retires every one (see retire).
-func SetLingerCap(s *Semaphore, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.lingerCap = n
-}
-
-// Retiring returns how many waiters s keeps retired.
-func Retiring(s *Semaphore) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.retiring)
-}

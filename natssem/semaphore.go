@@ -57,12 +57,10 @@ type Semaphore struct {
 
 	waiting atomic.Int64 // callers in Acquire that wait (WithMaxLocalWaiters)
 
-	mu        sync.Mutex
-	idle      []*waiter            // inboxes with no pull pending, for reuse
-	retiring  map[*waiter]struct{} // inboxes kept until their pulls end (see retire)
-	lingerCap int                  // maxLingering; a test may set another
-	closed    bool
-	done      chan struct{} // closed by Close: wakes waiting Acquire calls
+	mu     sync.Mutex
+	idle   []*waiter // inboxes with no pull pending, for reuse
+	closed bool
+	done   chan struct{} // closed by Close: wakes waiting Acquire calls
 }
 
 // Init creates semaphore name with permits tokens, or opens it if it already
@@ -274,7 +272,6 @@ func newSemaphore(nc *nats.Conn, name string, o options) (*Semaphore, error) {
 		rights:      watch(nc),
 		pulls:       newPullBodies(o.pullExpiry, o.heartbeat),
 		done:        make(chan struct{}),
-		lingerCap:   maxLingering,
 		lockTTL:     defaultLockTTL,
 		releaseWait: maxReleaseWait,
 	}, nil
@@ -392,10 +389,6 @@ func (s *Semaphore) Close() error {
 			w.drop()
 		}
 		s.idle = nil
-		for w := range s.retiring {
-			w.endRetire()
-		}
-		s.retiring = nil
 	}
 	return nil
 }

@@ -30,11 +30,8 @@ import (
 // call of the same Semaphore takes it over, queued pull and all: a caller
 // that gives up leaves its place in the queue to the next caller of its
 // Semaphore, and a Semaphore whose callers time out and retry keeps one
-// pull queued, not one per try. Beyond maxLingering, a waiter with a pull
-// queued is retired: kept subscribed, handing back what comes, but not
-// reused, until its pull ends or could no longer be queued (see retire).
-// A single server forgets an unsubscribed inbox at once, so there the
-// waiter is drained as before.
+// pull queued, not one per try. A single server forgets an unsubscribed
+// inbox at once, so there the waiter is drained as before.
 type waiter struct {
 	s     *Semaphore
 	inbox string
@@ -58,9 +55,6 @@ type waiter struct {
 	// message (a heartbeat included): they tell whether a pull still
 	// counted may really be queued (see silence).
 	sent, heard time.Time
-	// retired is the timer that ends the waiter's retirement (see
-	// retire); nil while it is not retired.
-	retired *time.Timer
 }
 
 // maxIdleWaiters bounds the inboxes a semaphore keeps for reuse.
@@ -259,14 +253,8 @@ func (w *waiter) deliver(m *nats.Msg) {
 		}
 	}
 	w.endedLocked(m)
-	over := w.retired != nil && w.pulls == 0
 	w.mu.Unlock()
 	w.s.handBack(m)
-	if over {
-		// Its last pull has ended: nothing more can come. Not dropped
-		// here, on the connection's dispatcher, which drains it.
-		time.AfterFunc(0, w.s.endRetire(w))
-	}
 }
 
 // pull asks the server for one token. A waiting pull expires after the pull
@@ -339,7 +327,7 @@ func (w *waiter) finish() {
 	clustered := queued && s.nc.ConnectedClusterName() != ""
 	var evicted *waiter
 	s.mu.Lock()
-	wanted := !s.closed && (!queued || clustered && s.lingeringLocked() < s.lingerCap)
+	wanted := !s.closed && (!queued || clustered && s.lingeringLocked() < maxLingering)
 	if wanted && queued && len(s.idle) >= maxIdleWaiters {
 		// Room for a waiter whose pull is queued: one with none goes.
 		for i, o := range s.idle {
@@ -354,68 +342,13 @@ func (w *waiter) finish() {
 	if keep {
 		s.idle = append(s.idle, w)
 	}
-	retire := !keep && clustered && !s.closed && len(s.retiring) < maxRetiring
-	if retire {
-		if s.retiring == nil {
-			s.retiring = map[*waiter]struct{}{}
-		}
-		s.retiring[w] = struct{}{}
-	}
 	s.mu.Unlock()
 	if evicted != nil {
 		evicted.drop()
 	}
-	switch {
-	case retire:
-		s.retire(w)
-	case !keep:
+	if !keep {
 		w.drop()
 	}
-}
-
-// maxRetiring bounds the waiters a Semaphore keeps retired; one more
-// beyond it is drained at once, and a token its queued pull still draws
-// may then wait out a lease.
-const maxRetiring = 1024
-
-// retire keeps a waiter that goes with a pull still queued, on a cluster,
-// subscribed until its pulls end (a token, handed back, or a status that
-// ends the pull) or could no longer be queued (the pull's expiry and two
-// heartbeats later), then drains it: the consumer's leader may be on
-// another node, which learns of an unsubscribe late and may meanwhile send
-// a token to the inbox (see waiter). s.retiring holds w already.
-func (s *Semaphore) retire(w *waiter) {
-	w.mu.Lock()
-	w.retired = time.AfterFunc(s.opts.pullExpiry+2*s.opts.heartbeat, s.endRetire(w))
-	over := w.pulls == 0
-	w.mu.Unlock()
-	if over { // ended meanwhile
-		s.endRetire(w)()
-	}
-}
-
-// endRetire returns a function that ends w's retirement, once: it drains
-// w, unless Close has (Close ends every retirement).
-func (s *Semaphore) endRetire(w *waiter) func() {
-	return func() {
-		s.mu.Lock()
-		_, ok := s.retiring[w]
-		delete(s.retiring, w)
-		s.mu.Unlock()
-		if ok {
-			w.endRetire()
-		}
-	}
-}
-
-// endRetire stops w's retirement timer and drains w.
-func (w *waiter) endRetire() {
-	w.mu.Lock()
-	if w.retired != nil {
-		w.retired.Stop()
-	}
-	w.mu.Unlock()
-	w.drop()
 }
 
 func isDelivery(m *nats.Msg) bool { return strings.HasPrefix(m.Reply, "$JS.ACK.") }
