@@ -185,11 +185,14 @@ func (a *acquisition) await(ctx context.Context) (*Permit, error) {
 		case <-s.done:
 			return nil, tokensem.ErrClosed
 		case <-a.timer.C:
+			// Silent: the pull is presumed lost, whether the server
+			// dropped it for a full queue of waiters or otherwise (a
+			// waiter still counting it would linger for it).
+			w.lost()
 			if err := s.checkWaiterQueue(ctx); err != nil {
 				return nil, err
 			}
 			s.log.Debug(reissued, "reason", "silent")
-			w.lost()
 			return nil, nil
 		case <-w.reconnected:
 			s.log.Debug(reissued, "reason", "reconnected")
