@@ -1,8 +1,6 @@
 package adaptive
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -77,11 +75,11 @@ func Clip(s string, n int) string {
 		return s
 	}
 	const more = "…"
-	s = s[:max(0, n-len(more))]
-	for len(s) > 0 && !utf8.ValidString(s) { // cut inside a character
-		s = s[:len(s)-1]
+	cut := max(0, n-len(more))
+	for cut > 0 && !utf8.RuneStart(s[cut]) { // not inside a character
+		cut--
 	}
-	return s + more
+	return s[:cut] + more
 }
 
 // Check reports what is wrong with r, wrapping tokensem.ErrInvalidRecord.
@@ -97,31 +95,33 @@ func (r Record) Check() error {
 	case len(r.Changes) > MaxChanges:
 		return stored.Invalid("a controller record of %d changes (at most %d)", len(r.Changes), MaxChanges)
 	}
+	if err := checkText("a controller record's by", r.By, maxByLen); err != nil {
+		return err
+	}
+	if err := checkText("a controller record's algorithm", r.Algorithm, maxAlgorithmLen); err != nil {
+		return err
+	}
 	for _, c := range r.Changes {
 		if !count(c.From) || !count(c.To) {
 			return stored.Invalid("a controller record's change %d → %d", c.From, c.To)
 		}
-		if err := stored.Len("a change's why", c.Why, maxWhyLen); err != nil {
+		if err := checkText("a change's why", c.Why, maxWhyLen); err != nil {
 			return err
 		}
 	}
-	if err := stored.Len("a controller record's by", r.By, maxByLen); err != nil {
+	return nil
+}
+
+// checkText checks a text field of a record: at most max bytes, UTF-8
+// without control characters (Clip makes it so). JSON writes each invalid
+// byte as U+FFFD, three bytes, and most control characters as six: other
+// text would not fit its bounds both ways.
+func checkText(field, s string, max int) error {
+	if err := stored.Len(field, s, max); err != nil {
 		return err
 	}
-	if err := stored.Len("a controller record's algorithm", r.Algorithm, maxAlgorithmLen); err != nil {
-		return err
-	}
-	// JSON writes each invalid byte as U+FFFD, three bytes, and most
-	// control characters as six: text must be UTF-8 without them (Clip
-	// makes it so) to fit its bounds both ways.
-	texts := []string{r.By, r.Algorithm}
-	for _, c := range r.Changes {
-		texts = append(texts, c.Why)
-	}
-	for _, f := range texts {
-		if !utf8.ValidString(f) || strings.IndexFunc(f, unicode.IsControl) >= 0 {
-			return stored.Invalid("a controller record's text %s is not UTF-8 without control characters", stored.Clip([]byte(f)))
-		}
+	if !utf8.ValidString(s) || strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return stored.Invalid("%s %s is not UTF-8 without control characters", field, stored.Clip([]byte(s)))
 	}
 	return nil
 }
@@ -132,13 +132,10 @@ func EncodeRecord(r Record) ([]byte, error) {
 	if err := r.Check(); err != nil {
 		return nil, fmt.Errorf("%w: %w", tokensem.ErrInvalidOption, err)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // < > & as themselves, not six bytes each
-	if err := enc.Encode(r); err != nil {
+	b, err := stored.Encode(r)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", tokensem.ErrInvalidOption, err)
 	}
-	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	if len(b) > MaxRecordLen { // not within Check's bounds (see MaxRecordLen)
 		return nil, fmt.Errorf("%w: a controller record of %d bytes (at most %d)", tokensem.ErrInvalidOption, len(b), MaxRecordLen)
 	}

@@ -1,7 +1,6 @@
 package amqpsem
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,11 +68,12 @@ type config struct {
 	// is retired (see classify).
 	Reissued map[int]reissue `json:"reissued,omitempty"`
 	// Controller is the record of the controller that leads the count
-	// (see RecordController), as adaptive.EncodeRecord writes it. One
-	// read back that is not such a record is dropped (ctlErr says why,
-	// for ControllerRecord alone), so the next write of the configuration
-	// leaves it out: a bad record costs only itself.
+	// (see RecordController), as adaptive.EncodeRecord writes it; ctl is
+	// it read back. One read back that is not such a record is dropped
+	// (ctlErr says why, for ControllerRecord alone), so the next write of
+	// the configuration leaves it out: a bad record costs only itself.
 	Controller json.RawMessage `json:"ctl,omitempty"`
+	ctl        adaptive.Record
 	ctlErr     error
 
 	// readAt is when the read that returned this configuration began (or,
@@ -158,13 +158,11 @@ func (c config) withReissued(index int, tok tokensem.Token, base uint64) config 
 // (written as adaptive.EncodeRecord encodes it, within its bound) at
 // every write.
 func (c config) encode() []byte {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(c); err != nil {
+	b, err := stored.Encode(c)
+	if err != nil {
 		panic(err) // a struct of strings, numbers and a checked record always marshals
 	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	return b
 }
 
 // A stored configuration is a few hundred bytes, plus a controller record
@@ -221,6 +219,7 @@ func (c *config) canonicalController() {
 	r, err := adaptive.DecodeRecord(c.Controller)
 	if err == nil {
 		c.Controller, err = adaptive.EncodeRecord(r)
+		c.ctl = r
 	}
 	if err != nil && !errors.Is(err, tokensem.ErrInvalidRecord) {
 		err = stored.Invalid("a controller record that does not fit once written again: %v", err)

@@ -54,8 +54,5 @@ func (s *Semaphore) ControllerRecord(ctx context.Context) (r adaptive.Record, ok
 	case len(cfg.Controller) == 0 || cfg.Epoch != s.config().Epoch:
 		return r, false, nil
 	}
-	if r, err = adaptive.DecodeRecord(cfg.Controller); err != nil {
-		return r, false, fmt.Errorf("amqpsem: the controller record of %s: %w", s.name, err)
-	}
-	return r, true, nil
+	return cfg.ctl, true, nil // checked as it was read (canonicalController)
 }

@@ -61,11 +61,12 @@ func (s *Semaphore) PublishReport(ctx context.Context, r adaptive.Report) error 
 // every process of the fleet, on out for a controller, until stop is
 // called: through a queue of its own (exclusive, deleted by stop or with
 // its connection) bound to the semaphore's exchange, which it empties
-// every 100 ms (reportPoll), made again after the connection comes back. A report that does not decode
-// (adaptive.DecodeReport) is dropped with a warning; one that finds out
-// full is dropped (the controller reads once a window, and the next
-// window's reports follow). It needs configure, write and read permission
-// on server-named queues (amq.gen-*) and read permission on the exchange.
+// every 100 ms (reportPoll), made again after the connection comes back.
+// A report that does not decode (adaptive.DecodeReport) is dropped with a
+// (rate-limited) warning; one that finds out full is dropped (the
+// controller reads once a window, and the next window's reports follow).
+// It needs configure, write and read permission on server-named queues
+// (amq.gen-*) and read permission on the exchange.
 //
 // Errors: tokensem.ErrClosed, ctx.Err() (ctx bounds the first subscribe
 // only), or a wrapped broker error.

@@ -1,7 +1,6 @@
 package natssem
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,15 +56,13 @@ func (s *Semaphore) RecordController(ctx context.Context, r adaptive.Record) err
 	case cfg.State == stateDeleting || cfg.Epoch != s.config().Epoch:
 		return fmt.Errorf("%w: %s was deleted", tokensem.ErrNotInitialized, s.name)
 	}
-	var entry bytes.Buffer
-	enc := json.NewEncoder(&entry)
-	enc.SetEscapeHTML(false) // the record as EncodeRecord wrote it, within its bound
-	if err := enc.Encode(controllerEntry{Epoch: cfg.Epoch, Record: b}); err != nil {
+	entry, err := stored.Encode(controllerEntry{Epoch: cfg.Epoch, Record: b}) // the record as EncodeRecord wrote it
+	if err != nil {
 		return fmt.Errorf("natssem: %w", err)
 	}
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
-	if _, err := s.kv.Put(rctx, s.lay.key(controllerKey), entry.Bytes()); err != nil {
+	if _, err := s.kv.Put(rctx, s.lay.key(controllerKey), entry); err != nil {
 		return wrapBrokerErr(err)
 	}
 	return nil

@@ -6,6 +6,7 @@
 package stored
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -60,4 +61,18 @@ func Len(field, s string, max int) error {
 		return Invalid("%s is %d bytes, more than %d: %s", field, len(s), max, Clip([]byte(s)))
 	}
 	return nil
+}
+
+// Encode returns the JSON of v as a record is stored: <, > and & as
+// themselves (the standard encoder writes each as six bytes, so a record
+// written back would grow past the bound it was checked against), with no
+// trailing newline.
+func Encode(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
