@@ -21,11 +21,14 @@ import (
 // Each permit a Block hands out is one permit of the global semaphore that
 // this process holds, used by one caller at a time: the block's callers never
 // outnumber the global permits it holds, so the global limit holds at every
-// instant, across every process. The block grows by one global Acquire per
-// caller that finds no free permit in it, so it never holds more than its
-// callers' demand, and a permit its caller releases goes:
+// instant, across every process. The block keeps one wait under way at the
+// global semaphore (in the caller's class) for each caller that found no
+// free permit in it, so it grows with its callers' demand, and a permit its
+// caller releases goes:
 //   - to the block's next waiting caller (higher class first, then arrival
-//     order; its own wait at the global semaphore is cancelled), else
+//     order; the wait at the global semaphore it leaves stays under way
+//     for the block's next caller of that class, and is cancelled if none
+//     comes within WithBlockIdle), else
 //   - back to the global semaphore if it has served WithBlockReuse callers
 //     since it was acquired, so that callers elsewhere queued at the global
 //     semaphore get their turn in the broker's order (the fairness rule
@@ -47,15 +50,19 @@ import (
 // released, and then go back to the global semaphore. Closing the Block
 // does not close the global semaphore.
 type Block struct {
-	global Semaphore
-	idle   time.Duration
-	reuse  int
+	global  Semaphore
+	idle    time.Duration
+	reuse   int
+	life    context.Context // of the global waits; ends at Close
+	stop    context.CancelFunc
+	running sync.WaitGroup // the global waits' goroutines
 
 	mu      sync.Mutex
 	closed  bool
 	free    []*blockSlot   // global permits no caller holds, oldest first
 	waiters []*blockWaiter // callers waiting for a permit, by class, then arrival
 	seq     uint64         // arrival order of waiters
+	waits   []*globalWait  // under way at the global semaphore, oldest first
 }
 
 // Defaults of a Block's options.
@@ -107,6 +114,7 @@ func NewBlock(global Semaphore, opts ...BlockOption) (*Block, error) {
 			return nil, err
 		}
 	}
+	b.life, b.stop = context.WithCancel(context.Background())
 	return b, nil
 }
 
@@ -143,10 +151,28 @@ func (s *blockSlot) giveUp(ctx context.Context) error {
 
 // blockWaiter is a caller waiting for a permit of the block.
 type blockWaiter struct {
+	class Priority
+	seq   uint64
+	ready chan struct{} // closed when slot or err is set
+	slot  *blockSlot    // handed to it by a release or a global wait
+	err   error         // the global semaphore's, or ErrClosed
+}
+
+// globalWait is one wait of the block at the global semaphore, in a class.
+// The block keeps as many waits of a class under way as it has callers of
+// that class waiting; they are the block's, not a caller's, so that a
+// caller served by a release in the block leaves its wait to the next
+// caller instead of cancelling it. (A cancelled wait costs a round trip and
+// loses its place in the broker's queue; on RabbitMQ it closes a channel
+// and bounces a token already on its way.) A wait no caller needs is spare:
+// a caller that comes within the block's idle bound takes it over, else it
+// is cancelled.
+type globalWait struct {
 	class  Priority
-	seq    uint64
-	cancel context.CancelFunc // its global Acquire
-	slot   *blockSlot         // handed to it by a release
+	cancel context.CancelFunc
+	spare  bool        // no caller needs it
+	timer  *time.Timer // while spare: cancels it past the idle bound
+	ended  bool        // cancelled: it cannot be taken over
 }
 
 // Acquire returns a free permit of the block, or waits for one: at the
@@ -154,16 +180,6 @@ type blockWaiter struct {
 // block's callers, whichever comes first. If ctx ends first it returns
 // ctx.Err() itself and holds nothing.
 func (b *Block) Acquire(ctx context.Context) (Permit, error) {
-	return b.take(ctx, b.global.Acquire)
-}
-
-// TryAcquire returns a free permit of the block, or a permit the global
-// semaphore has free now, or ErrNoPermit.
-func (b *Block) TryAcquire(ctx context.Context) (Permit, error) {
-	return b.take(ctx, b.global.TryAcquire)
-}
-
-func (b *Block) take(ctx context.Context, acquire func(context.Context) (Permit, error)) (Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -172,25 +188,50 @@ func (b *Block) take(ctx context.Context, acquire func(context.Context) (Permit,
 		return nil, fmt.Errorf("%w: priority %d is outside [%d, %d]", ErrInvalidOption, class, LowestPriority, HighestPriority)
 	}
 	for {
-		p, err, again := b.try(ctx, class, acquire)
+		p, err, again := b.wait(ctx, class)
 		if !again {
 			return p, err
 		}
 	}
 }
 
-// try is one attempt of take. again says that what it got was lost before
-// the caller could have it (a permit a release handed over, or the global
-// permit just acquired): the caller waits anew.
-func (b *Block) try(ctx context.Context, class Priority, acquire func(context.Context) (Permit, error)) (_ Permit, _ error, again bool) {
-	b.mu.Lock()
-	if b.closed {
+// TryAcquire returns a free permit of the block, or a permit the global
+// semaphore has free now, or ErrNoPermit.
+func (b *Block) TryAcquire(ctx context.Context) (Permit, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if p, err, ok := b.takeFree(); ok {
+			return p, err
+		}
+		gp, err := b.global.TryAcquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		b.mu.Lock()
+		switch {
+		case gp.Err() != nil:
+			b.mu.Unlock()
+			continue // lost before it was taken in: nothing to give back
+		case b.closed:
+			b.mu.Unlock()
+			_ = gp.Release(context.WithoutCancel(ctx))
+			return nil, ErrClosed
+		}
+		p := b.bind(b.adopt(gp))
 		b.mu.Unlock()
-		return nil, ErrClosed, false
+		return p, nil
 	}
-	if err := ctx.Err(); err != nil {
-		b.mu.Unlock()
-		return nil, err, false
+}
+
+// takeFree binds a free permit of the block, if it has one (ok), or
+// returns ErrClosed (ok) once it is closed.
+func (b *Block) takeFree() (_ Permit, _ error, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, ErrClosed, true
 	}
 	for len(b.free) > 0 {
 		slot := b.free[0]
@@ -198,73 +239,181 @@ func (b *Block) try(ctx context.Context, class Priority, acquire func(context.Co
 		if slot.p.Err() != nil {
 			continue // lost: its watcher is dropping it
 		}
-		p := b.bind(slot)
-		b.mu.Unlock()
-		return p, nil, false
+		return b.bind(slot), nil, true
 	}
-	gctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	return nil, nil, false
+}
+
+// wait is one attempt of Acquire. again says that what it got was lost
+// before the caller could have it (a permit handed over by a release or a
+// global wait): the caller waits anew.
+func (b *Block) wait(ctx context.Context, class Priority) (_ Permit, _ error, again bool) {
+	if p, err, ok := b.takeFree(); ok {
+		return p, err, false
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, ErrClosed, false
+	}
 	b.seq++
-	w := &blockWaiter{class: class, seq: b.seq, cancel: cancel}
+	w := &blockWaiter{class: class, seq: b.seq, ready: make(chan struct{})}
 	i, _ := slices.BinarySearchFunc(b.waiters, w, func(a, w *blockWaiter) int {
 		return cmp.Or(cmp.Compare(w.class, a.class), cmp.Compare(a.seq, w.seq)) // higher class first
 	})
 	b.waiters = slices.Insert(b.waiters, i, w)
+	b.balance()
 	b.mu.Unlock()
 
-	gp, gerr := acquire(gctx)
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+	}
 
 	b.mu.Lock()
 	if i := slices.Index(b.waiters, w); i >= 0 {
-		b.waiters = slices.Delete(b.waiters, i, i+1)
+		b.waiters = slices.Delete(b.waiters, i, i+1) // not served: ctx ended
 	}
-	slot := w.slot
-	lost := false
+	slot, lost := w.slot, false
 	if slot != nil && slot.p.Err() != nil {
 		slot, lost = nil, true // lost while handed over: its watcher drops it
 	}
-	if gp != nil && gp.Err() != nil {
-		gp, lost = nil, true // lost before it was taken in: nothing to give back
-	}
-	var extra *blockSlot
-	if gp != nil {
-		extra = b.adopt(gp)
-		if slot == nil {
-			slot, extra = extra, nil
-		}
-	}
-	closed := b.closed
 	var out Permit
-	if slot != nil && ctx.Err() == nil && !closed {
+	var retire *blockSlot
+	closed := b.closed
+	switch {
+	case slot != nil && ctx.Err() == nil && !closed:
 		out = b.bind(slot)
-		slot = nil
+	case slot != nil:
+		// Handed over as ctx ended (or the block closed): it goes on
+		// as a release's would.
+		retire = b.place(slot)
 	}
-	// What the caller does not take (a permit handed to it as its ctx
-	// ended, or a global permit acquired as a release handed it another)
-	// goes on as a release's would.
-	var retire []*blockSlot
-	for _, s := range []*blockSlot{slot, extra} {
-		if s != nil {
-			if r := b.place(s); r != nil {
-				retire = append(retire, r)
-			}
-		}
-	}
+	b.balance()
 	b.mu.Unlock()
-	b.retire(retire...)
+	if retire != nil {
+		b.retire(retire)
+	}
 	switch {
 	case out != nil:
 		return out, nil, false
 	case ctx.Err() != nil:
 		return nil, ctx.Err(), false
 	case closed:
-		return nil, ErrClosed, false // Close ended the wait
-	case lost && (gerr == nil || gctx.Err() != nil):
-		// The global wait ended with a permit that was lost, or was
-		// cancelled by a release whose permit was then lost.
+		return nil, ErrClosed, false
+	case lost:
 		return nil, nil, true
 	}
-	return nil, gerr, false
+	return nil, w.err, false
+}
+
+// serve hands slot or err to the first waiter (by class, then arrival)
+// and takes it off the waiters. Call with b.mu held and a waiter waiting.
+func (b *Block) serve(slot *blockSlot, err error) {
+	w := b.waiters[0]
+	b.waiters = b.waiters[1:]
+	w.slot, w.err = slot, err
+	if slot != nil {
+		slot.holder = reserved
+	}
+	close(w.ready)
+}
+
+// balance keeps one global wait under way per waiting caller of each
+// class: it takes over spare waits of the class first (the oldest, which
+// stand earliest in the broker's queue), starts the rest, and makes the
+// newest waits spare where callers left. Call with b.mu held.
+func (b *Block) balance() {
+	if b.closed {
+		return
+	}
+	need := make(map[Priority]int)
+	for _, w := range b.waiters {
+		need[w.class]++
+	}
+	for _, g := range b.waits { // oldest first
+		switch {
+		case g.ended:
+		case need[g.class] > 0:
+			need[g.class]--
+			if g.spare {
+				g.spare = false
+				g.timer.Stop()
+				g.timer = nil
+			}
+		case !g.spare:
+			b.spare(g)
+		}
+	}
+	for class, n := range need {
+		for range n {
+			b.startWait(class)
+		}
+	}
+}
+
+// spare marks g spare: it is cancelled after the block's idle bound unless
+// a caller of its class takes it over first. Call with b.mu held.
+func (b *Block) spare(g *globalWait) {
+	g.spare = true
+	if b.idle == 0 {
+		b.end(g)
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(b.idle, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if g.timer == t {
+			b.end(g)
+		}
+	})
+	g.timer = t
+}
+
+// end cancels g for good. Call with b.mu held.
+func (b *Block) end(g *globalWait) {
+	g.ended = true
+	if g.timer != nil {
+		g.timer.Stop()
+		g.timer = nil
+	}
+	g.cancel()
+}
+
+// startWait starts a global wait of class. Its goroutine is the block's:
+// it ends when the global semaphore answers, or at once when the wait is
+// cancelled (spare past the idle bound, or Close). Call with b.mu held.
+func (b *Block) startWait(class Priority) {
+	ctx, cancel := context.WithCancel(WithPriority(b.life, class))
+	g := &globalWait{class: class, cancel: cancel}
+	b.waits = append(b.waits, g)
+	b.running.Go(func() {
+		defer cancel()
+		p, err := b.global.Acquire(ctx)
+		b.mu.Lock()
+		b.waits = slices.DeleteFunc(b.waits, func(o *globalWait) bool { return o == g })
+		wasSpare := g.spare
+		b.end(g)
+		var retire *blockSlot
+		switch {
+		case p != nil && p.Err() == nil:
+			retire = b.place(b.adopt(p))
+		case p != nil:
+			// Lost before it was taken in: nothing to give back.
+		case ctx.Err() != nil:
+			// Cancelled: spare, or the block closed.
+		case !wasSpare && len(b.waiters) > 0 && !b.closed:
+			// The global semaphore refused the wait: the first
+			// waiter is told (and the next ones by their own waits).
+			b.serve(nil, err)
+		}
+		b.balance()
+		b.mu.Unlock()
+		if retire != nil {
+			b.retire(retire)
+		}
+	})
 }
 
 // adopt makes a global permit part of the block and watches it for loss.
@@ -304,11 +453,7 @@ func (b *Block) place(slot *blockSlot) *blockSlot {
 	case slot.p.Err() != nil:
 		return nil // lost: its watcher drops it
 	case len(b.waiters) > 0 && slot.uses < b.reuse && !b.closed:
-		w := b.waiters[0]
-		b.waiters = b.waiters[1:]
-		w.slot = slot
-		slot.holder = reserved
-		w.cancel()
+		b.serve(slot, nil)
 		return nil
 	case slot.uses >= b.reuse || b.closed || b.idle == 0:
 		return slot
@@ -366,9 +511,13 @@ func (b *Block) Close() error {
 		return nil
 	}
 	b.closed = true
-	for _, w := range b.waiters {
-		w.cancel() // their global waits end; they return ErrClosed
+	for range b.waiters {
+		b.serve(nil, ErrClosed)
 	}
+	for _, g := range b.waits {
+		b.end(g) // a permit it still takes is given back (place)
+	}
+	b.stop()
 	free := b.free
 	b.free = nil
 	for _, s := range free {
@@ -378,6 +527,7 @@ func (b *Block) Close() error {
 	}
 	b.mu.Unlock()
 	b.retire(free...)
+	b.running.Wait()
 	return nil
 }
 
