@@ -199,10 +199,34 @@ func (s *Semaphore) setConfig(cfg config) {
 // current token.
 const configTTL = driver.ConfigTTL
 
+// configAhead is the age at which a use of the configuration starts
+// reading it again in the background (cfgcache.Cache.Ahead), before it is
+// configTTL old: a handle in steady use then never waits for a read in
+// its acquire. Readers of the one configuration message take turns (each
+// takes it and returns it), so a read can take several ms; before reads
+// ahead, the bench's high-class caller waited about 9 ms more in the one
+// acquire in a hundred that read it (its p99).
+const configAhead = configTTL * 3 / 4
+
 // freshConfig returns the configuration, re-reading it when the read it
-// came from began configTTL ago or more.
+// came from began configTTL ago or more; from configAhead on, it starts a
+// read in the background.
 func (s *Semaphore) freshConfig(ctx context.Context) (config, error) {
+	s.cfg.Ahead(s.life, configAhead, s.readConfig, s.spawn)
 	return s.cfg.Fresh(ctx, configTTL, s.readConfig)
+}
+
+// spawn runs f on a goroutine of the Semaphore's, which Close waits for
+// (f must end with s.life), or returns false once Close has been called.
+func (s *Semaphore) spawn(f func()) bool {
+	if !s.track() {
+		return false
+	}
+	go func() {
+		defer s.tasks.Done()
+		f()
+	}()
+	return true
 }
 
 // refreshConfig re-reads the configuration (it changes on resize and

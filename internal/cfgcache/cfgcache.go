@@ -108,28 +108,67 @@ func (c *Cache[C]) Fresh(ctx context.Context, ttl time.Duration, read func(conte
 // its goroutine; call it before returning. Without a read to start, stop
 // does nothing.
 func (c *Cache[C]) Prefetch(ctx context.Context, ttl time.Duration, read func(context.Context) (C, error)) (stop func()) {
-	c.mu.Lock()
-	if c.reading != nil || time.Since(c.at) < ttl {
-		c.mu.Unlock()
+	rctx, cancel := context.WithCancel(ctx)
+	var reading chan struct{}
+	started := c.start(ttl, func(r chan struct{}) bool {
+		reading = r
+		go c.run(rctx, r, read)
+		return true
+	})
+	if !started {
+		cancel()
 		return func() {}
 	}
-	reading := make(chan struct{})
-	c.reading = reading
-	c.mu.Unlock()
-	rctx, cancel := context.WithCancel(ctx)
-	go func() {
-		defer close(reading)
-		start := time.Now()
-		v, err := read(rctx)
-		if err == nil {
-			c.SetAt(v, start)
-		}
-		c.mu.Lock()
-		c.reading = nil
-		c.mu.Unlock()
-	}()
 	return func() {
 		cancel()
 		<-reading
 	}
+}
+
+// Ahead starts reading the value in the background, as Prefetch does,
+// once its read began age ago or more: with age under the TTL its callers
+// give Fresh, a value in steady use is read again before Fresh would make
+// a caller wait for the read. spawn runs the read on a goroutine its
+// caller owns (and stops through ctx), or returns false when it cannot
+// (its owner is closing), and no read starts.
+func (c *Cache[C]) Ahead(ctx context.Context, age time.Duration, read func(context.Context) (C, error), spawn func(func()) bool) {
+	c.start(age, func(r chan struct{}) bool {
+		return spawn(func() { c.run(ctx, r, read) })
+	})
+}
+
+// start marks a background read under way and hands its channel to begin,
+// unless one is under way already or the value's read began less than age
+// ago; it reports whether begin started the read.
+func (c *Cache[C]) start(age time.Duration, begin func(reading chan struct{}) bool) bool {
+	c.mu.Lock()
+	if c.reading != nil || time.Since(c.at) < age {
+		c.mu.Unlock()
+		return false
+	}
+	reading := make(chan struct{})
+	c.reading = reading
+	c.mu.Unlock()
+	if begin(reading) {
+		return true
+	}
+	c.mu.Lock()
+	c.reading = nil
+	c.mu.Unlock()
+	close(reading)
+	return false
+}
+
+// run is a background read: it stores what it read, stamped with the time
+// the read began, and closes reading.
+func (c *Cache[C]) run(ctx context.Context, reading chan struct{}, read func(context.Context) (C, error)) {
+	defer close(reading)
+	start := time.Now()
+	v, err := read(ctx)
+	if err == nil {
+		c.SetAt(v, start)
+	}
+	c.mu.Lock()
+	c.reading = nil
+	c.mu.Unlock()
 }

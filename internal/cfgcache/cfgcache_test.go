@@ -172,3 +172,53 @@ func TestOlderReadNeverReplacesNewer(t *testing.T) {
 		t.Fatalf("SetAt of an older read replaced the value")
 	}
 }
+
+// TestAhead: a value younger than the ahead age starts nothing; an older
+// one (still within Fresh's TTL) is read in the background on the
+// caller's goroutine owner, while Fresh returns the cached value without
+// waiting; a second Ahead meanwhile starts nothing; an owner that is
+// closing (spawn false) starts nothing and leaves no read marked under way.
+func TestAhead(t *testing.T) {
+	ctx := t.Context()
+	var c Cache[int]
+	c.Set(1)
+	spawned := 0
+	spawn := func(f func()) bool { spawned++; go f(); return true }
+	never := func(context.Context) (int, error) { t.Error("a read"); return 0, nil }
+	c.Ahead(ctx, time.Hour, never, spawn)
+	if spawned != 0 {
+		t.Fatalf("Ahead of a young value spawned %d reads", spawned)
+	}
+
+	release := make(chan struct{})
+	c.Ahead(ctx, 0, func(context.Context) (int, error) { <-release; return 2, nil }, spawn)
+	c.Ahead(ctx, 0, never, spawn)
+	if spawned != 1 {
+		t.Fatalf("two Aheads spawned %d reads, want 1", spawned)
+	}
+	if v, err := c.Fresh(ctx, time.Hour, never); v != 1 || err != nil {
+		t.Fatalf("Fresh within the TTL during a read ahead = %d, %v; want the cached 1 at once", v, err)
+	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		v, reading := c.v, c.reading
+		c.mu.Unlock()
+		if v == 2 && reading == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the read ahead never stored its value and ended")
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	c.Ahead(ctx, 0, never, func(func()) bool { return false })
+	c.mu.Lock()
+	reading := c.reading
+	c.mu.Unlock()
+	if reading != nil {
+		t.Fatal("a read the owner refused is marked under way")
+	}
+}
