@@ -3,6 +3,7 @@ package tokensem
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -170,9 +171,21 @@ type blockWaiter struct {
 type globalWait struct {
 	class  Priority
 	cancel context.CancelFunc
-	spare  bool        // no caller needs it
-	timer  *time.Timer // while spare: cancels it past the idle bound
-	ended  bool        // cancelled: it cannot be taken over
+	spare  bool          // no caller needs it
+	timer  *time.Timer   // while spare: cancels it past the idle bound
+	ended  bool          // cancelled: it cannot be taken over
+	done   chan struct{} // closed when its goroutine has ended
+}
+
+// oldestSpare returns the oldest spare wait not yet cancelled, or nil.
+// Call with b.mu held.
+func (b *Block) oldestSpare() *globalWait {
+	for _, g := range b.waits {
+		if g.spare && !g.ended {
+			return g
+		}
+	}
+	return nil
 }
 
 // Acquire returns a free permit of the block, or waits for one: at the
@@ -319,6 +332,23 @@ func (b *Block) serve(slot *blockSlot, err error) {
 	close(w.ready)
 }
 
+// refuse tells the newest waiter of class (else the newest waiter) the
+// global semaphore's err and takes it off the waiters. Call with b.mu held
+// and a waiter waiting.
+func (b *Block) refuse(class Priority, err error) {
+	i := len(b.waiters) - 1
+	for j := i; j >= 0; j-- {
+		if b.waiters[j].class == class {
+			i = j
+			break
+		}
+	}
+	w := b.waiters[i]
+	b.waiters = slices.Delete(b.waiters, i, i+1)
+	w.err = err
+	close(w.ready)
+}
+
 // balance keeps one global wait under way per waiting caller of each
 // class: it takes over spare waits of the class first (the oldest, which
 // stand earliest in the broker's queue), starts the rest, and makes the
@@ -386,14 +416,36 @@ func (b *Block) end(g *globalWait) {
 // cancelled (spare past the idle bound, or Close). Call with b.mu held.
 func (b *Block) startWait(class Priority) {
 	ctx, cancel := context.WithCancel(WithPriority(b.life, class))
-	g := &globalWait{class: class, cancel: cancel}
+	g := &globalWait{class: class, cancel: cancel, done: make(chan struct{})}
 	b.waits = append(b.waits, g)
 	b.running.Go(func() {
+		defer close(g.done)
 		defer cancel()
-		p, err := b.global.Acquire(ctx)
-		b.mu.Lock()
+		var p Permit
+		var err error
+		for {
+			p, err = b.global.Acquire(ctx)
+			b.mu.Lock()
+			if p != nil || ctx.Err() != nil || !errors.Is(err, ErrTooManyWaiters) || g.spare || b.closed {
+				break
+			}
+			s := b.oldestSpare()
+			if s == nil {
+				break
+			}
+			// A spare wait holds a place at the global semaphore that no
+			// caller needs: it gives it up, and this wait tries again
+			// once it has.
+			b.end(s)
+			b.mu.Unlock()
+			select {
+			case <-s.done:
+			case <-ctx.Done():
+			}
+		}
 		b.waits = slices.DeleteFunc(b.waits, func(o *globalWait) bool { return o == g })
 		wasSpare := g.spare
+		cancelled := ctx.Err() != nil // before end, which cancels ctx
 		b.end(g)
 		var retire *blockSlot
 		switch {
@@ -401,12 +453,13 @@ func (b *Block) startWait(class Priority) {
 			retire = b.place(b.adopt(p))
 		case p != nil:
 			// Lost before it was taken in: nothing to give back.
-		case ctx.Err() != nil:
+		case cancelled:
 			// Cancelled: spare, or the block closed.
 		case !wasSpare && len(b.waiters) > 0 && !b.closed:
-			// The global semaphore refused the wait: the first
-			// waiter is told (and the next ones by their own waits).
-			b.serve(nil, err)
+			// The global semaphore refused the wait: the caller it
+			// was started for, the newest of its class, is told (and
+			// the others by their own waits).
+			b.refuse(class, err)
 		}
 		b.balance()
 		b.mu.Unlock()
