@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +36,10 @@ type PriorityResult struct {
 	HighAcquired  int
 	Peak          int // most holders at once (Meter)
 	CPU           CPUUse
+	// Probe is the handoff to an idle waiter of a semaphore of its own,
+	// measured on the same broker beside the run: one handoff under the
+	// run's load.
+	Probe *HandoffResult
 }
 
 func runPriority(ctx context.Context, sys System, name string, workers, n int, hold, every, dur time.Duration, classes, precise bool) (*PriorityResult, error) {
@@ -57,6 +62,9 @@ func runPriority(ctx context.Context, sys System, name string, workers, n int, h
 	start := time.Now()
 	deadline := start.Add(dur)
 	var wg sync.WaitGroup
+	var probe *HandoffResult
+	var probeErr error
+	wg.Go(func() { probe, probeErr = handoffProbe(ctx, sys, name+"-probe", deadline, every, time.Millisecond) })
 	cycle := func(ctx context.Context, s Sem) (time.Duration, bool, error) {
 		t0 := time.Now()
 		actx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
@@ -112,13 +120,16 @@ func runPriority(ctx context.Context, sys System, name string, workers, n int, h
 	if err := joinDistinct(errs); err != nil {
 		return nil, err
 	}
+	if probeErr != nil {
+		return nil, fmt.Errorf("the handoff probe: %w", probeErr)
+	}
 	var all []time.Duration
 	for _, ws := range lowWaits {
 		all = append(all, ws...)
 	}
 	return &PriorityResult{Classes: classes, Workers: workers, N: n, Hold: hold, Every: every, Duration: dur,
 		Low: Summarize(all), High: Summarize(highWaits), LowThroughput: float64(len(all)) / dur.Seconds(),
-		HighAcquired: len(highWaits), Peak: m.Peak(), CPU: use}, nil
+		HighAcquired: len(highWaits), Peak: m.Peak(), CPU: use, Probe: probe}, nil
 }
 
 // writePriority writes the priority table, if the scenario ran.
@@ -166,30 +177,54 @@ func writePriority(w io.Writer, r *Report) {
 			"caller arrives every %s and holds as long. With classes the broker hands a freed permit to the caller "+
 			"first; the target is a caller's p99 wait of at most one hold plus one handoff, and the workers keeping "+
 			"at least 90%% of their FIFO throughput. Redis has no classes: its row is FIFO. The target column adds "+
-			"one hold to the p99 of the same run's handoff to an idle waiter (the handoff scenario; — when it did not run) "+
-			"and, for amqpsem, the p99 of a waiter joining the token queue (RabbitMQ primitives: basic.consume until "+
-			"its consume-ok, which a caller waits for before the queue can serve it; a NATS pull needs no answer).\n\n",
-			first.Workers, fmtDur(first.Hold), first.N, first.Duration, fmtDur(first.Every))
+			"one hold to the p99 of a handoff to an idle waiter, measured twice: *alone*, by the same run's handoff "+
+			"scenario (when it ran), and *under the run's load*, by a probe that times a handoff every %s between two callers of "+
+			"a semaphore of its own on the same broker, on connections of their own, beside the workers and the caller "+
+			"(in both runs, so that FIFO and classes bear the same load). For amqpsem it adds the p99 of a waiter "+
+			"joining the token queue too (alone: RabbitMQ primitives, basic.consume until its consume-ok; under load: "+
+			"the probe's waiter, from its Acquire call until the queue counts it), which a caller waits for before the "+
+			"queue can serve it; a NATS pull needs no answer.\n\n",
+			first.Workers, fmtDur(first.Hold), first.N, first.Duration, fmtDur(first.Every), fmtDur(first.Every))
 	}
 }
 
 // priorityTarget is the caller's p99 target of a classes run: one hold
-// plus the same run's handoff p99 (plus, on RabbitMQ, the p99 of joining
-// the queue), and whether pr met it; "—" for a FIFO run or without the
-// handoff scenario.
+// plus one handoff's p99 (plus, on RabbitMQ, the p99 of joining the
+// queue), and whether pr met it; "—" for a FIFO run. The handoff (and
+// join) is measured twice: alone, by the same run's handoff scenario (and
+// RabbitMQ primitives), when they ran; and beside the run, under its load
+// (pr.Probe).
 func priorityTarget(r *Report, s *SystemResult, pr *PriorityResult) string {
-	if !pr.Classes || !s.Tokensem || s.Handoff == nil {
+	if !pr.Classes || !s.Tokensem {
 		return "—"
 	}
-	target := pr.Hold + s.Handoff.P99
-	how := "hold + handoff"
-	if s.Key == "amqpsem" && r.AMQPPrims != nil && r.AMQPPrims.Join.N > 0 {
-		target += r.AMQPPrims.Join.P99
-		how += " + join"
+	var parts []string
+	verdict := func(target time.Duration) string {
+		if pr.High.P99 > target {
+			return fmt.Sprintf("missed by %.1f×", float64(pr.High.P99)/float64(target))
+		}
+		return "met"
 	}
-	verdict := "met"
-	if pr.High.P99 > target {
-		verdict = fmt.Sprintf("missed by %.1f×", float64(pr.High.P99)/float64(target))
+	if s.Handoff != nil {
+		target := pr.Hold + s.Handoff.P99
+		how := "hold + handoff"
+		if s.Key == "amqpsem" && r.AMQPPrims != nil && r.AMQPPrims.Join.N > 0 {
+			target += r.AMQPPrims.Join.P99
+			how += " + join"
+		}
+		parts = append(parts, fmt.Sprintf("alone %s (%s): %s", fmtDur(target), how, verdict(target)))
 	}
-	return fmt.Sprintf("%s (%s): %s", fmtDur(target), how, verdict)
+	if p := pr.Probe; p != nil && p.N > 0 {
+		target := pr.Hold + p.P99
+		how := "hold + handoff"
+		if s.Key == "amqpsem" && p.Join.N > 0 {
+			target += p.Join.P99
+			how += " + join"
+		}
+		parts = append(parts, fmt.Sprintf("under the run's load %s (%s, %d probes): %s", fmtDur(target), how, p.N, verdict(target)))
+	}
+	if len(parts) == 0 {
+		return "—"
+	}
+	return strings.Join(parts, "; ")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -249,7 +250,10 @@ func joinDistinct(errs []error) error {
 type HandoffResult struct {
 	Summary
 	Samples []time.Duration
-	CPU     CPUUse
+	// Join is the waiter's Acquire call until the broker counts it
+	// waiting (sys.Waiting, read every 100 µs: an upper bound).
+	Join Summary
+	CPU  CPUUse
 }
 
 // runHandoff measures, samples times, the time from a holder's Release
@@ -259,6 +263,20 @@ type HandoffResult struct {
 // system, a random part of its retry sleep (settleMax is its longest
 // sleep), so the samples cover the whole retry cycle.
 func runHandoff(ctx context.Context, sys System, name string, samples int, idle, settleMax time.Duration) (*HandoffResult, error) {
+	return handoffs(ctx, sys, name, samples, max(samples/20, 2), time.Time{}, 0, idle, settleMax)
+}
+
+// handoffProbe is runHandoff beside other work, until the time given: the
+// handoff to an idle waiter under that work's load. It starts a handoff
+// every pace at most, so that it adds little load of its own.
+func handoffProbe(ctx context.Context, sys System, name string, until time.Time, pace, idle time.Duration) (*HandoffResult, error) {
+	return handoffs(ctx, sys, name, math.MaxInt32, 5, until, pace, idle, 0)
+}
+
+// handoffs is runHandoff with warm handoffs first, not timed, one started
+// every pace at most (0: one after the other), ending early at until when
+// it is set.
+func handoffs(ctx context.Context, sys System, name string, samples, warm int, until time.Time, pace, idle, settleMax time.Duration) (*HandoffResult, error) {
 	c1, err := sys.Connect(ctx)
 	if err != nil {
 		return nil, err
@@ -285,9 +303,17 @@ func runHandoff(ctx context.Context, sys System, name string, samples int, idle,
 		at  time.Time
 		err error
 	}
-	var d []time.Duration
+	var d, joins []time.Duration
 	cpu := startCPU()
-	for i := range samples + max(samples/20, 2) {
+	next := time.Now()
+	for i := range samples + warm {
+		if pace > 0 {
+			time.Sleep(time.Until(next))
+			next = time.Now().Add(pace)
+		}
+		if !until.IsZero() && time.Now().After(until) {
+			break
+		}
 		h, err := holder.Acquire(ctx)
 		if err != nil {
 			return nil, err
@@ -297,6 +323,7 @@ func runHandoff(ctx context.Context, sys System, name string, samples int, idle,
 			return nil, err
 		}
 		ch := make(chan got, 1)
+		called := time.Now()
 		go func() {
 			w, err := waiter.Acquire(ctx)
 			ch <- got{w, time.Now(), err}
@@ -304,6 +331,9 @@ func runHandoff(ctx context.Context, sys System, name string, samples int, idle,
 		for deadline := time.Now().Add(10 * time.Second); ; {
 			n, err := sys.Waiting(ctx, name)
 			if err == nil && n > base {
+				if i >= warm {
+					joins = append(joins, time.Since(called))
+				}
 				break
 			}
 			if time.Now().After(deadline) {
@@ -324,14 +354,14 @@ func runHandoff(ctx context.Context, sys System, name string, samples int, idle,
 		if g.err != nil {
 			return nil, g.err
 		}
-		if i >= max(samples/20, 2) { // the first few warm up
+		if i >= warm { // the first few warm up
 			d = append(d, g.at.Sub(t0))
 		}
 		if err := g.h.Release(ctx); err != nil {
 			return nil, err
 		}
 	}
-	return &HandoffResult{Summary: Summarize(d), Samples: d, CPU: cpu.Stop()}, nil
+	return &HandoffResult{Summary: Summarize(d), Samples: d, Join: Summarize(joins), CPU: cpu.Stop()}, nil
 }
 
 // laggingCount is a System whose waiting count trails the broker's own
