@@ -38,6 +38,12 @@ import (
 //   - into the block, free, and back to the global semaphore after
 //     WithBlockIdle without a caller.
 //
+// A wait its caller left may still win a permit before it is cancelled:
+// that permit goes to the block's next waiting caller, of any class, or
+// into the block, free, as a release's does. So a block may hold a permit
+// no caller asked for, for at most about twice WithBlockIdle, and a spare
+// wait keeps its class's place in the broker's queue for that long.
+//
 // A permit of a Block is lost when its global permit is (its Done closes
 // with the global permit's error), as one permit of a PermitSet is; when
 // the process dies, its global permits come back as any holder's do (within
@@ -48,8 +54,10 @@ import (
 //
 // Close releases the free permits, ends the waits under way and makes
 // them and later calls return ErrClosed; permits held stay valid until
-// released, and then go back to the global semaphore. Closing the Block
-// does not close the global semaphore.
+// released, and then go back to the global semaphore. It returns once the
+// block's waits at the global semaphore have ended (about a round trip
+// after their cancellation). Closing the Block does not close the global
+// semaphore.
 type Block struct {
 	global  Semaphore
 	idle    time.Duration
@@ -76,8 +84,11 @@ const (
 type BlockOption func(*Block) error
 
 // WithBlockIdle is how long a free permit stays in the block before it
-// goes back to the global semaphore. 0 returns a permit as soon as no
-// caller of the block waits for it. Default DefaultBlockIdle.
+// goes back to the global semaphore, and how long a wait at the global
+// semaphore that its caller left stays under way for the block's next
+// caller of its class. 0 returns a permit as soon as no caller of the
+// block waits for it, and cancels a left wait at once. Default
+// DefaultBlockIdle.
 func WithBlockIdle(d time.Duration) BlockOption {
 	return func(b *Block) error {
 		if d < 0 {
@@ -177,11 +188,12 @@ type globalWait struct {
 	done   chan struct{} // closed when its goroutine has ended
 }
 
-// oldestSpare returns the oldest spare wait not yet cancelled, or nil.
-// Call with b.mu held.
-func (b *Block) oldestSpare() *globalWait {
+// oldestSpare returns the oldest spare wait of a class at most class not
+// yet cancelled, or nil: a refused wait never ends the spare a caller of a
+// higher class would take over. Call with b.mu held.
+func (b *Block) oldestSpare(class Priority) *globalWait {
 	for _, g := range b.waits {
-		if g.spare && !g.ended {
+		if g.spare && !g.ended && g.class <= class {
 			return g
 		}
 	}
@@ -196,9 +208,9 @@ func (b *Block) Acquire(ctx context.Context) (Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	class := Priority(ctxclass.Of(ctx))
-	if class < LowestPriority || class > HighestPriority {
-		return nil, fmt.Errorf("%w: priority %d is outside [%d, %d]", ErrInvalidOption, class, LowestPriority, HighestPriority)
+	class, err := classOf(ctx)
+	if err != nil {
+		return nil, err
 	}
 	for {
 		p, err, again := b.wait(ctx, class)
@@ -208,9 +220,21 @@ func (b *Block) Acquire(ctx context.Context) (Permit, error) {
 	}
 }
 
+// classOf is ctx's class (WithPriority), or ErrInvalidOption.
+func classOf(ctx context.Context) (Priority, error) {
+	class := Priority(ctxclass.Of(ctx))
+	if class < LowestPriority || class > HighestPriority {
+		return 0, fmt.Errorf("%w: priority %d is outside [%d, %d]", ErrInvalidOption, class, LowestPriority, HighestPriority)
+	}
+	return class, nil
+}
+
 // TryAcquire returns a free permit of the block, or a permit the global
 // semaphore has free now, or ErrNoPermit.
 func (b *Block) TryAcquire(ctx context.Context) (Permit, error) {
+	if _, err := classOf(ctx); err != nil {
+		return nil, err
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -243,6 +267,11 @@ func (b *Block) TryAcquire(ctx context.Context) (Permit, error) {
 func (b *Block) takeFree() (_ Permit, _ error, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.takeFreeLocked()
+}
+
+// takeFreeLocked is takeFree with b.mu held.
+func (b *Block) takeFreeLocked() (_ Permit, _ error, ok bool) {
 	if b.closed {
 		return nil, ErrClosed, true
 	}
@@ -261,13 +290,13 @@ func (b *Block) takeFree() (_ Permit, _ error, ok bool) {
 // before the caller could have it (a permit handed over by a release or a
 // global wait): the caller waits anew.
 func (b *Block) wait(ctx context.Context, class Priority) (_ Permit, _ error, again bool) {
-	if p, err, ok := b.takeFree(); ok {
-		return p, err, false
-	}
 	b.mu.Lock()
-	if b.closed {
+	// The free list is looked at under the lock the waiter joins under,
+	// so that a release between the two cannot leave its permit free
+	// while this caller waits at the global semaphore.
+	if p, err, ok := b.takeFreeLocked(); ok {
 		b.mu.Unlock()
-		return nil, ErrClosed, false
+		return p, err, false
 	}
 	b.seq++
 	w := &blockWaiter{class: class, seq: b.seq, ready: make(chan struct{})}
@@ -332,21 +361,36 @@ func (b *Block) serve(slot *blockSlot, err error) {
 	close(w.ready)
 }
 
-// refuse tells the newest waiter of class (else the newest waiter) the
-// global semaphore's err and takes it off the waiters. Call with b.mu held
-// and a waiter waiting.
+// refuse tells the newest waiter of class the global semaphore's err,
+// and takes it off the waiters, if the class has more waiters than waits
+// still under way (a refused wait was the last one started for it);
+// otherwise the wait was no caller's (its caller was served meanwhile),
+// and nobody is told: balance starts another if one is needed. A waiter
+// of another class has a wait of its own and is never told. Call with
+// b.mu held, the refused wait off b.waits.
 func (b *Block) refuse(class Priority, err error) {
-	i := len(b.waiters) - 1
-	for j := i; j >= 0; j-- {
-		if b.waiters[j].class == class {
-			i = j
-			break
+	waiting, waits := 0, 0
+	for _, w := range b.waiters {
+		if w.class == class {
+			waiting++
 		}
 	}
-	w := b.waiters[i]
-	b.waiters = slices.Delete(b.waiters, i, i+1)
-	w.err = err
-	close(w.ready)
+	for _, g := range b.waits {
+		if g.class == class && !g.ended && !g.spare {
+			waits++
+		}
+	}
+	if waiting <= waits {
+		return
+	}
+	for i := len(b.waiters) - 1; i >= 0; i-- {
+		if w := b.waiters[i]; w.class == class {
+			b.waiters = slices.Delete(b.waiters, i, i+1)
+			w.err = err
+			close(w.ready)
+			return
+		}
+	}
 }
 
 // balance keeps one global wait under way per waiting caller of each
@@ -429,7 +473,7 @@ func (b *Block) startWait(class Priority) {
 			if p != nil || ctx.Err() != nil || !errors.Is(err, ErrTooManyWaiters) || g.spare || b.closed {
 				break
 			}
-			s := b.oldestSpare()
+			s := b.oldestSpare(class)
 			if s == nil {
 				break
 			}
@@ -455,7 +499,7 @@ func (b *Block) startWait(class Priority) {
 			// Lost before it was taken in: nothing to give back.
 		case cancelled:
 			// Cancelled: spare, or the block closed.
-		case !wasSpare && len(b.waiters) > 0 && !b.closed:
+		case !wasSpare && !b.closed:
 			// The global semaphore refused the wait: the caller it
 			// was started for, the newest of its class, is told (and
 			// the others by their own waits).
@@ -554,7 +598,9 @@ func (b *Block) lost(slot *blockSlot) {
 func (b *Block) Status(ctx context.Context) (Status, error) { return b.global.Status(ctx) }
 
 // Close gives the free permits back to the global semaphore, ends the
-// waits under way and makes them and later calls return ErrClosed. Permits
+// waits under way and makes them and later calls return ErrClosed, and
+// returns once the block's waits at the global semaphore have ended (a
+// global semaphore's Acquire returns promptly once cancelled). Permits
 // held stay valid until released. It does not close the global semaphore,
 // and it is idempotent.
 func (b *Block) Close() error {

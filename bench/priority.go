@@ -39,7 +39,8 @@ type PriorityResult struct {
 	// Probe is the handoff to an idle waiter of a semaphore of its own,
 	// measured on the same broker beside the run: one handoff under the
 	// run's load.
-	Probe *HandoffResult
+	Probe       *HandoffResult
+	ProbeFailed string // why Probe is nil, when it failed
 }
 
 func runPriority(ctx context.Context, sys System, name string, workers, n int, hold, every, dur time.Duration, classes, precise bool) (*PriorityResult, error) {
@@ -64,7 +65,11 @@ func runPriority(ctx context.Context, sys System, name string, workers, n int, h
 	var wg sync.WaitGroup
 	var probe *HandoffResult
 	var probeErr error
-	wg.Go(func() { probe, probeErr = handoffProbe(ctx, sys, name+"-probe", deadline, every, time.Millisecond) })
+	wg.Go(func() {
+		pctx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
+		defer cancel()
+		probe, probeErr = handoffProbe(pctx, sys, name+"-probe", deadline, every, time.Millisecond)
+	})
 	cycle := func(ctx context.Context, s Sem) (time.Duration, bool, error) {
 		t0 := time.Now()
 		actx, cancel := context.WithDeadline(ctx, deadline.Add(30*time.Second))
@@ -120,8 +125,9 @@ func runPriority(ctx context.Context, sys System, name string, workers, n int, h
 	if err := joinDistinct(errs); err != nil {
 		return nil, err
 	}
+	var probeFailed string
 	if probeErr != nil {
-		return nil, fmt.Errorf("the handoff probe: %w", probeErr)
+		probe, probeFailed = nil, probeErr.Error() // the run stands; its table says so
 	}
 	var all []time.Duration
 	for _, ws := range lowWaits {
@@ -129,7 +135,7 @@ func runPriority(ctx context.Context, sys System, name string, workers, n int, h
 	}
 	return &PriorityResult{Classes: classes, Workers: workers, N: n, Hold: hold, Every: every, Duration: dur,
 		Low: Summarize(all), High: Summarize(highWaits), LowThroughput: float64(len(all)) / dur.Seconds(),
-		HighAcquired: len(highWaits), Peak: m.Peak(), CPU: use, Probe: probe}, nil
+		HighAcquired: len(highWaits), Peak: m.Peak(), CPU: use, Probe: probe, ProbeFailed: probeFailed}, nil
 }
 
 // writePriority writes the priority table, if the scenario ran.
@@ -222,6 +228,9 @@ func priorityTarget(r *Report, s *SystemResult, pr *PriorityResult) string {
 			how += " + join"
 		}
 		parts = append(parts, fmt.Sprintf("under the run's load %s (%s, %d probes): %s", fmtDur(target), how, p.N, verdict(target)))
+	}
+	if pr.ProbeFailed != "" {
+		parts = append(parts, "under the run's load: the probe failed ("+pr.ProbeFailed+")")
 	}
 	if len(parts) == 0 {
 		return "—"

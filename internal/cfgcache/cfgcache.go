@@ -21,8 +21,8 @@ type Cache[C any] struct {
 	mu sync.Mutex
 	v  C
 	at time.Time
-	// reading is closed when the read Prefetch started ends; nil when none
-	// is under way.
+	// reading is closed when the background read Prefetch or Ahead
+	// started ends; nil when none is under way.
 	reading chan struct{}
 }
 
@@ -72,8 +72,8 @@ func (c *Cache[C]) Refresh(ctx context.Context, read func(context.Context) (C, e
 }
 
 // Fresh returns the stored value if its read began less than ttl ago,
-// else refreshes it. A read Prefetch started is awaited first (bounded by
-// ctx) rather than doubled; if what it stored is still not fresh enough,
+// else refreshes it. A background read (Prefetch, Ahead) is awaited first
+// (bounded by ctx) rather than doubled; if what it stored is still not fresh enough,
 // or it failed, Fresh reads.
 func (c *Cache[C]) Fresh(ctx context.Context, ttl time.Duration, read func(context.Context) (C, error)) (C, error) {
 	c.mu.Lock()
