@@ -73,7 +73,7 @@ func (s *Semaphore) take(ctx context.Context, noWait bool) (*Permit, error) {
 			return nil, err
 		}
 		if cfg.PriorityGroup == "" {
-			return nil, fmt.Errorf("%w: the token consumer of %s serves waiters in arrival order only (nats-server 2.12 or later orders them by class, for semaphores created there)",
+			return nil, fmt.Errorf("%w: the token consumer of %s serves waiters in arrival order only (an Init of it through nats-server 2.12 or later makes it order them by class)",
 				tokensem.ErrPriorityUnsupported, s.name)
 		}
 	}

@@ -34,7 +34,7 @@ func fixFor(verb string, args []string, err error) string {
 	case errors.Is(err, tokensem.ErrInvalidRecord) && verb != "delete":
 		return fmt.Sprintf("to remove the semaphore and its damaged records: seminit delete --force --name %s", name)
 	case errors.Is(err, tokensem.ErrPriorityUnsupported):
-		return "leave --priority out to wait in arrival order, or create the semaphore again on nats-server 2.12 or later (seminit delete, then init)"
+		return fmt.Sprintf("leave --priority out to wait in arrival order, or, once the server is nats-server 2.12 or later, run seminit init --name %s again with its --permits: it makes the semaphore serve classes in place", name)
 	case errors.Is(err, nats.ErrNoServers):
 		return "no NATS server answers there: start one for local use with `seminit server`, or point --url (or $TOKENSEM_URL) at yours"
 	case errors.Is(err, amqpsem.ErrUnreachable):

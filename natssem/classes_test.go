@@ -1,0 +1,191 @@
+package natssem_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokensem/tokensem"
+	"github.com/tokensem/tokensem/natssem"
+)
+
+// TestClassesUpgrade: a semaphore whose token consumer serves arrival
+// order only (made on a server before 2.12; the test makes one by taking
+// the policy off a consumer and the group out of the configuration) serves
+// classes after an Init on a server that can, in place: a permit held
+// across the upgrade stays held and releases; a handle that cached the
+// configuration from before still acquires (its pull without the group is
+// refused 400, and it asks again with it); waiters queued low class first
+// are served high class first. On one server, for a key of a group, and
+// on the 3-node cluster (R3).
+func TestClassesUpgrade(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		addrs func(t *testing.T) []string
+		opts  []natssem.Option
+		group string
+	}{
+		{name: "single", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} }},
+		{name: "group", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} },
+			opts: []natssem.Option{natssem.WithGroup("upgrades")}, group: "upgrades"},
+		{name: "cluster", addrs: func(t *testing.T) []string {
+			c := cluster(t)
+			return []string{c.Addr(0), c.Addr(1), c.Addr(2)}
+		}, opts: []natssem.Option{natssem.WithReplicas(3)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addrs := tc.addrs(t)
+			at := func(i int) string { return addrs[i%len(addrs)] }
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			name := fmt.Sprintf("upgrade-%s-%d", tc.name, time.Now().UnixNano())
+			const lease = 2 * time.Second
+			opts := append([]natssem.Option{natssem.WithLease(lease)}, tc.opts...)
+			s, err := natssem.Init(ctx, connect(t, at(0)), name, 1, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = s.Close()
+				_ = natssem.ForceDelete(context.WithoutCancel(ctx), connect(t, at(0)), name, tc.opts...)
+			})
+			res := natssem.ResourcesOf(name, tc.group)
+			js, err := jetstream.New(connect(t, at(0)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			setPolicy := func(p jetstream.PriorityPolicy) jetstream.PriorityPolicy {
+				t.Helper()
+				c, err := js.Consumer(ctx, res.Stream, res.Consumer)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p == jetstream.PriorityPolicyNone {
+					cc := c.CachedInfo().Config
+					cc.PriorityPolicy, cc.PriorityGroups = jetstream.PriorityPolicyNone, nil
+					if c, err = js.UpdateConsumer(ctx, res.Stream, cc); err != nil {
+						t.Fatalf("take the policy off the consumer: %v", err)
+					}
+				}
+				return c.CachedInfo().Config.PriorityPolicy
+			}
+			if got := setPolicy(jetstream.PriorityPolicyNone); got != jetstream.PriorityPolicyNone {
+				t.Fatalf("the consumer's policy after taking it off: %v", got)
+			}
+			replaceRecord(t, at(0), res.Bucket, res.KeyPrefix+"config", func(old []byte) []byte {
+				var m map[string]any
+				d := json.NewDecoder(bytes.NewReader(old))
+				d.UseNumber() // the epoch is a uint64
+				if err := d.Decode(&m); err != nil {
+					t.Fatal(err)
+				}
+				if m["priority_group"] == nil {
+					t.Fatalf("the configuration names no priority group: %s", old)
+				}
+				delete(m, "priority_group")
+				b, _ := json.Marshal(m)
+				return b
+			})
+
+			// Handles of the semaphore as made before 2.12.
+			stale, err := natssem.Open(ctx, connect(t, at(1)), name, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stale.Close()
+			stale2, err := natssem.Open(ctx, connect(t, at(2)), name, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stale2.Close()
+			if _, err := stale.Acquire(tokensem.WithPriority(ctx, 2)); !errors.Is(err, tokensem.ErrPriorityUnsupported) {
+				t.Fatalf("a class 2 wait before the upgrade: %v, want ErrPriorityUnsupported", err)
+			}
+			held, err := stale.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			up, err := natssem.Init(ctx, connect(t, at(2)), name, 1, opts...)
+			if err != nil {
+				t.Fatalf("the upgrading Init: %v", err)
+			}
+			defer up.Close()
+			if got := setPolicy(jetstream.PriorityPolicyPrioritized); got != jetstream.PriorityPolicyPrioritized {
+				t.Fatalf("the consumer's policy after Init: %v, want prioritized", got)
+			}
+			// Within configTTL of its read, stale2's pull names no group:
+			// refused 400, asked again with it; the one permit is held.
+			if p, err := stale2.TryAcquire(ctx); !errors.Is(err, tokensem.ErrNoPermit) {
+				t.Fatalf("TryAcquire beside the permit held across the upgrade: %v, %v; want ErrNoPermit", p, err)
+			}
+			// The holder renews across the update for two leases and more:
+			// its token is not delivered again.
+			time.Sleep(2*lease + lease/2)
+			if err := held.Err(); err != nil {
+				t.Fatalf("the permit held across the upgrade: %v", err)
+			}
+			if p, err := up.TryAcquire(ctx); !errors.Is(err, tokensem.ErrNoPermit) {
+				t.Fatalf("TryAcquire two leases after the upgrade, the permit held: %v, %v; want ErrNoPermit", p, err)
+			}
+			if err := held.Release(ctx); err != nil {
+				t.Fatalf("releasing the permit held across the upgrade: %v", err)
+			}
+			holder, err := stale.Acquire(ctx)
+			if err != nil {
+				t.Fatalf("the handle that cached the configuration from before: %v", err)
+			}
+
+			classes := []tokensem.Priority{-1, 0, 2}
+			var (
+				mu    sync.Mutex
+				order []tokensem.Priority
+				wg    sync.WaitGroup
+			)
+			for i, class := range classes {
+				w, err := natssem.Open(ctx, connect(t, at(i)), name, tc.opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer w.Close()
+				wg.Go(func() {
+					p, err := w.Acquire(tokensem.WithPriority(ctx, class))
+					if err != nil {
+						t.Errorf("class %d: %v", class, err)
+						return
+					}
+					mu.Lock()
+					order = append(order, class)
+					mu.Unlock()
+					_ = p.Release(ctx)
+				})
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					st, err := up.Status(ctx)
+					if err == nil && st.Waiting >= i+1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("waiter %d never queued (last: %+v, %v)", i, st, err)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			if fmt.Sprint(order) != fmt.Sprint([]tokensem.Priority{2, 0, -1}) {
+				t.Fatalf("served in classes %v, want [2 0 -1] (queued %v)", order, classes)
+			}
+		})
+	}
+}
