@@ -10,27 +10,40 @@ import (
 )
 
 // upgradeClasses makes a semaphore whose token consumer serves waiters in
-// arrival order only (made on a server before 2.12: cfg.PriorityGroup is
-// empty) serve them by class, now that the server it is reached through
-// can: Init runs it on a ready semaphore. It returns the configuration it
-// wrote, or ok false when it changed nothing (the server is older, the
-// semaphore serves classes already or is not ready, another admin's work
-// came first, or a step failed: then it logs why, and Init still
-// succeeds, serving arrival order as before).
+// arrival order only (made on a server before 2.12) serve them by class,
+// now that the server it is reached through can: Init runs it on every
+// ready semaphore, and it costs one consumer info when there is nothing to
+// do. It returns the configuration as it left it, and ok when that is not
+// cfg (another admin's upgrade counts). A step that fails is logged, and
+// Init still succeeds; the next Init finishes what this one left.
 //
-// The order makes every client's pull valid throughout. First the
+// The order keeps every client's pull valid throughout. First the
 // configuration names the priority group, under the admin lock: a plain
 // consumer takes pulls that name a group and a priority, and ignores both.
 // Then the consumer is updated in place to the prioritized policy (its
 // delivered, unacknowledged tokens stay with their holders, with their
 // leases): from then a pull without the group is refused with 400, and a
 // client that sends one reads the configuration again and asks again,
-// with the group (acquisition.answer). If the server drops the policy (a
-// cluster with an older server), the configuration is written back
-// without the group.
+// with the group (acquisition.answer).
+//
+// What is decided is the consumer's policy as read back, not the
+// configuration: an answer lost after its write landed (a configuration
+// naming the group over a consumer in arrival order) is finished by the
+// next Init, and the configuration is written back without the group only
+// when the server refused the update outright and the consumer reads back
+// in arrival order (a cluster with an older server): a configuration
+// without the group over a prioritized consumer would fail every pull.
 func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, ok bool) {
-	if cfg.PriorityGroup != "" || cfg.State != stateReady || !serverAtLeast(s.nc.ConnectedServerVersion(), 2, 12) {
+	if cfg.State != stateReady || !serverAtLeast(s.nc.ConnectedServerVersion(), 2, 12) {
 		return cfg, false
+	}
+	cc, err := s.consumerConfig(ctx)
+	if err != nil {
+		s.log.Warn("serving priority classes: the token consumer", "err", err)
+		return cfg, false
+	}
+	if cc.PriorityPolicy == jetstream.PriorityPolicyPrioritized && cfg.PriorityGroup != "" {
+		return cfg, false // nothing to do, the common case
 	}
 	h, err := s.takeLock(ctx)
 	if err != nil {
@@ -39,32 +52,51 @@ func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, o
 	}
 	defer h.unlock()
 	cur, rev, err := h.readConfig(ctx)
-	if err != nil || cur.PriorityGroup != "" || cur.State != stateReady {
+	if err != nil || cur.State != stateReady {
 		return cfg, false
 	}
-	up := cur
-	up.PriorityGroup = priorityGroup
-	if rev, err = s.updateConfig(ctx, up, rev); err != nil {
-		s.log.Warn("serving priority classes: the configuration", "err", err)
-		return cfg, false
-	}
-	if err := s.prioritizeConsumer(ctx); err != nil {
-		s.log.Warn("serving priority classes: the token consumer; waiters stay in arrival order", "err", err)
-		if _, err := s.updateConfig(ctx, cur, rev); err != nil {
-			// Pulls naming the group stay valid on a plain consumer:
-			// classes are asked for and not served, as on a server
-			// before 2.12 that dropped the policy unread.
-			s.log.Warn("serving priority classes: writing the configuration back", "err", err)
+	if cur.PriorityGroup == "" {
+		up := cur
+		up.PriorityGroup = priorityGroup
+		if rev, err = s.updateConfig(ctx, up, rev); err != nil {
+			// Its answer may be lost while the write landed: read again.
+			if cur, rev, err = h.readConfig(ctx); err != nil || cur.PriorityGroup == "" {
+				s.log.Warn("serving priority classes: the configuration", "err", err)
+				return cfg, false
+			}
+		} else {
+			cur = up
 		}
-		return cfg, false
+	}
+	prioritized, refused, updated, err := s.prioritizeConsumer(ctx)
+	switch {
+	case prioritized:
+	case refused:
+		// The server refused the policy outright and the consumer serves
+		// arrival order: without the group, a wait in a class fails with
+		// ErrPriorityUnsupported rather than being served in arrival order.
+		s.log.Warn("serving priority classes: the server refused the policy (an older server in the cluster?); waiters stay in arrival order", "err", err)
+		old := cur
+		old.PriorityGroup = ""
+		if _, werr := s.updateConfig(ctx, old, rev); werr == nil {
+			cur = old
+		}
+		return cur, cur.PriorityGroup != cfg.PriorityGroup
+	default:
+		// Unknown (an answer lost): the configuration keeps the group,
+		// which pulls may name on either consumer; the next Init finishes.
+		s.log.Warn("serving priority classes: the token consumer's update; the next Init finishes it", "err", err)
+		return cur, cur.PriorityGroup != cfg.PriorityGroup
 	}
 	if err := s.announceConfig(ctx); err != nil {
 		// Clients of a group learn of it within configTTL, or at their
 		// first pull's 400.
 		s.log.Warn("serving priority classes: announcing the configuration", "err", err)
 	}
-	s.log.Info("the token consumer now serves waiters by priority class")
-	return up, true
+	if updated {
+		s.log.Info("the token consumer now serves waiters by priority class")
+	}
+	return cur, cur.PriorityGroup != cfg.PriorityGroup
 }
 
 // updateConfig writes cfg over the configuration at rev, returning the
@@ -79,25 +111,49 @@ func (s *Semaphore) updateConfig(ctx context.Context, cfg config, rev uint64) (u
 	return nrev, nil
 }
 
-// prioritizeConsumer updates the token consumer in place to serve pulls
-// by class, and checks that the server kept the policy.
-func (s *Semaphore) prioritizeConsumer(ctx context.Context) error {
+// consumerConfig reads the token consumer's configuration.
+func (s *Semaphore) consumerConfig(ctx context.Context) (jetstream.ConsumerConfig, error) {
 	rctx, cancel := s.rtt(ctx)
 	defer cancel()
 	c, err := s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)
 	if err != nil {
-		return wrapBrokerErr(err)
+		return jetstream.ConsumerConfig{}, wrapBrokerErr(err)
 	}
-	cc := c.CachedInfo().Config
-	cc.PriorityPolicy, cc.PriorityGroups = jetstream.PriorityPolicyPrioritized, []string{priorityGroup}
-	c, err = s.js.UpdateConsumer(rctx, s.lay.stream, cc)
+	return c.CachedInfo().Config, nil
+}
+
+// prioritizeConsumer updates the token consumer in place to serve pulls
+// by class, unless it does already (updated says it sent the update).
+// prioritized says it does, as read back afterwards; refused says the
+// server refused the update with an API error, or dropped the policy, and
+// the consumer reads back in arrival order. Neither, with err: the outcome
+// is unknown (an update whose answer was lost may still land).
+func (s *Semaphore) prioritizeConsumer(ctx context.Context) (prioritized, refused, updated bool, err error) {
+	cc, err := s.consumerConfig(ctx)
 	if err != nil {
-		return wrapBrokerErr(err)
+		return false, false, false, err
 	}
-	if got := c.CachedInfo().Config.PriorityPolicy; got != jetstream.PriorityPolicyPrioritized {
-		return errors.New("natssem: the server kept the consumer's arrival order (a server before 2.12 in the cluster)")
+	if cc.PriorityPolicy == jetstream.PriorityPolicyPrioritized {
+		return true, false, false, nil
 	}
-	return nil
+	cc.PriorityPolicy, cc.PriorityGroups = jetstream.PriorityPolicyPrioritized, []string{priorityGroup}
+	rctx, cancel := s.rtt(ctx)
+	_, err = s.js.UpdateConsumer(rctx, s.lay.stream, cc)
+	cancel()
+	got, rerr := s.consumerConfig(ctx)
+	var apiErr *jetstream.APIError
+	switch {
+	case rerr != nil:
+		return false, false, true, errors.Join(err, rerr)
+	case got.PriorityPolicy == jetstream.PriorityPolicyPrioritized:
+		return true, false, true, nil
+	case errors.As(err, &apiErr):
+		return false, true, true, err
+	case err == nil:
+		// Answered, and dropped unread (nats-server 2.10).
+		return false, true, true, errors.New("natssem: the server kept the consumer's arrival order")
+	}
+	return false, false, true, err
 }
 
 // serverAtLeast reports whether version (nats-server's, "2.12.1" or

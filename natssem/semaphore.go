@@ -131,11 +131,9 @@ func initSemaphore(ctx context.Context, nc *nats.Conn, name string, permits int,
 	if err := s.useLease(cfg.Lease); err != nil {
 		return nil, err
 	}
-	if cfg.PriorityGroup == "" {
-		at := time.Now()
-		if up, ok := s.upgradeClasses(ctx, cfg); ok {
-			cfg, readAt = up, at
-		}
+	at := time.Now()
+	if up, ok := s.upgradeClasses(ctx, cfg); ok {
+		cfg, readAt = up, at
 	}
 	s.cfg.SetAt(cfg, readAt)
 	return s, nil

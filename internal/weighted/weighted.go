@@ -135,12 +135,21 @@ func (h Host[T]) take(ctx context.Context, k int, try bool) (*tokensem.PermitSet
 	if err != nil {
 		return nil, err
 	}
-	refreshed := false
+	refreshed, remade := false, false
 	for {
 		g, err := acquireOne(ctx, gate, try)
 		switch {
 		case errors.Is(err, tokensem.ErrNotInitialized) && !refreshed:
 			refreshed = true
+			if gate, err = h.gate(ctx, gate); err != nil {
+				return nil, err
+			}
+			continue
+		case errors.Is(err, tokensem.ErrPriorityUnsupported) && !remade:
+			// A gate made where classes were not served, whose semaphore
+			// serves them now: making the gate again (an Init) upgrades
+			// it too (natssem).
+			remade = true
 			if gate, err = h.gate(ctx, gate); err != nil {
 				return nil, err
 			}
