@@ -39,9 +39,20 @@ func TestReportsReachTheController(t *testing.T) {
 	}
 	defer stop()
 
+	// The junk is confirmed (enqueued, or dropped by the queue's cap)
+	// before the reports go out on other connections: the 1 MiB message,
+	// over the queue's byte cap, drops the messages ahead of it, and a
+	// report that overtook it would go with them.
 	ch := rawChannel(t)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
 	for _, junk := range [][]byte{[]byte("junk"), []byte(`{"from":"x","holds":-1}`), bytes.Repeat([]byte("x"), 1<<20)} {
-		if err := ch.PublishWithContext(ctx, "tokensem."+a+".x", "tokensem."+a+".reports", false, false, amqp.Publishing{Body: junk}); err != nil {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "tokensem."+a+".x", "tokensem."+a+".reports", false, false, amqp.Publishing{Body: junk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dc.WaitContext(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
