@@ -154,9 +154,23 @@ func replaceConfig(t testing.TB, name string, edit func([]byte) []byte) {
 		t.Fatal(err)
 	}
 	q := "tokensem." + name + ".cfg"
-	d, ok, err := ch.Get(q, false)
-	if err != nil || !ok {
-		t.Fatalf("take the configuration of %s: %v (found %v)", name, err, ok)
+	// A client reading the configuration holds its one message for a
+	// moment (a handle reads it ahead in the background, too): take it
+	// once it is back.
+	var d amqp.Delivery
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var ok bool
+		d, ok, err = ch.Get(q, false)
+		if err != nil {
+			t.Fatalf("take the configuration of %s: %v", name, err)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("take the configuration of %s: its queue stayed empty for 10 s", name)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
