@@ -99,27 +99,13 @@ func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, o
 	return cur, cur.PriorityGroup != cfg.PriorityGroup
 }
 
-// updateConfig writes cfg over the configuration at rev, returning the
-// new revision.
-func (s *Semaphore) updateConfig(ctx context.Context, cfg config, rev uint64) (uint64, error) {
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	nrev, err := s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev)
-	if err != nil {
-		return 0, wrapBrokerErr(err)
-	}
-	return nrev, nil
-}
-
-// consumerConfig reads the token consumer's configuration.
+// consumerConfig reads the token consumer's configuration (consumerInfo).
 func (s *Semaphore) consumerConfig(ctx context.Context) (jetstream.ConsumerConfig, error) {
-	rctx, cancel := s.rtt(ctx)
-	defer cancel()
-	c, err := s.js.Consumer(rctx, s.lay.stream, s.lay.consumer)
+	info, err := s.consumerInfo(ctx)
 	if err != nil {
-		return jetstream.ConsumerConfig{}, wrapBrokerErr(err)
+		return jetstream.ConsumerConfig{}, err
 	}
-	return c.CachedInfo().Config, nil
+	return info.Config, nil
 }
 
 // prioritizeConsumer updates the token consumer in place to serve pulls

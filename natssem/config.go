@@ -208,3 +208,15 @@ func (s *Semaphore) prefetchConfig(ctx context.Context) (stop func()) {
 	}
 	return s.cfg.Prefetch(ctx, configTTL, s.readCurrentConfig)
 }
+
+// updateConfig writes cfg over the configuration at rev, returning the
+// new revision.
+func (s *Semaphore) updateConfig(ctx context.Context, cfg config, rev uint64) (uint64, error) {
+	rctx, cancel := s.rtt(ctx)
+	defer cancel()
+	nrev, err := s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev)
+	if err != nil {
+		return 0, wrapBrokerErr(err)
+	}
+	return nrev, nil
+}

@@ -64,14 +64,12 @@ func (s *Semaphore) writePermits(ctx context.Context, permits int) error {
 		}
 		old := cfg.Permits
 		cfg.Permits = permits
-		rctx, cancel := s.rtt(ctx)
-		_, err = s.kv.Update(rctx, s.lay.key(configKey), cfg.encode(), rev)
-		cancel()
+		_, err = s.updateConfig(ctx, cfg, rev)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists):
 			continue // changed meanwhile (a client of an earlier version): read again
 		case err != nil:
-			return wrapBrokerErr(err)
+			return err
 		}
 		s.setConfig(cfg)
 		s.log.Info("resized", "from", old, "to", permits)
