@@ -51,7 +51,8 @@ type Decision struct {
 // lead. Fill in the fields, then call Run.
 type Controller struct {
 	// Leader is a one-permit semaphore beside the controlled one: whoever
-	// holds its permit leads.
+	// holds its permit leads (should it be resized to more, only the
+	// holder of permit 0: see Run).
 	Leader tokensem.Semaphore
 	// Resize sets the controlled semaphore's permit count (its backend's
 	// Resize).
@@ -115,8 +116,11 @@ func (c *Controller) check() error {
 // again, until ctx ends; it returns ctx.Err(), at once an error wrapping
 // tokensem.ErrInvalidOption for a controller missing a field, or an error
 // of the wait to lead that waiting again cannot mend (the leader closed,
-// not initialized, permission denied), or when Reports is closed. Other
-// errors are logged and tried again a window later.
+// not initialized, permission denied), or when Reports is closed. A
+// controller given any permit of Leader but the first (permit 0: Leader
+// was resized past one permit) gives it back and returns an error wrapping
+// tokensem.ErrPermitMismatch without leading: the holder of permit 0
+// leads on. Other errors are logged and tried again a window later.
 func (c *Controller) Run(ctx context.Context) error {
 	if err := c.check(); err != nil {
 		return err
@@ -145,10 +149,18 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		if i := p.Token().Index; i != 0 {
+			// Only the holder of the first permit leads: a leader
+			// semaphore resized past one permit after its controllers
+			// started would otherwise let a controller lead per permit.
+			release(ctx, p)
+			err := fmt.Errorf("adaptive: the leader semaphore has more than one permit (this controller was given permit %d): "+
+				"only the holder of permit 0 leads; resize it to 1: %w", i, tokensem.ErrPermitMismatch)
+			log.Error("adaptive: not leading", "error", err)
+			return err
+		}
 		err = c.lead(ctx, p, log)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tokensem.ReleaseTimeout)
-		_ = p.Release(rctx)
-		cancel()
+		release(ctx, p)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -216,6 +228,13 @@ func (c *Controller) shadow(ctx context.Context) bool {
 			}
 		}
 	}
+}
+
+// release gives up the leader's permit, even after ctx ended.
+func release(ctx context.Context, p tokensem.Permit) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tokensem.ReleaseTimeout)
+	defer cancel()
+	_ = p.Release(rctx)
 }
 
 // newFleet returns an empty fleet of c's window.
