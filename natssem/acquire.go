@@ -263,10 +263,11 @@ func (a *acquisition) answer(ctx context.Context, m *nats.Msg) (p *Permit, waitO
 	case "503":
 		return nil, false, a.unanswer(ctx)
 	case "400":
-		// The consumer refused the pull's form: one of another life may
-		// serve classes where the cached configuration says it does not
-		// (or the other way round). Read the configuration again and ask
-		// once more; a second refusal is an error.
+		// The consumer refused the pull's form, which a token consumer
+		// takes with either policy (pullBodies): one made anew since,
+		// by another life or by someone else. Read the configuration
+		// again (a handle adopts a new life) and ask once more; a second
+		// refusal is an error.
 		if !a.refreshed {
 			a.refreshed = true
 			if _, err := s.refreshConfig(ctx); err != nil {

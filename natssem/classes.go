@@ -17,22 +17,28 @@ import (
 // cfg (another admin's upgrade counts). A step that fails is logged, and
 // Init still succeeds; the next Init finishes what this one left.
 //
-// The order keeps every client's pull valid throughout. First the
-// configuration names the priority group, under the admin lock: a plain
-// consumer takes pulls that name a group and a priority, and ignores both.
-// Then the consumer is updated in place to the prioritized policy (its
-// delivered, unacknowledged tokens stay with their holders, with their
-// leases): from then a pull without the group is refused with 400, and a
-// client that sends one reads the configuration again and asks again,
-// with the group (acquisition.answer).
+// Every pull names the priority group (pullBodies), which a plain consumer
+// ignores, so no pull is refused on either side of the update. First the
+// configuration names the group, under the admin lock; then the consumer
+// is updated in place to the prioritized policy (its delivered,
+// unacknowledged tokens stay with their holders, with their leases). The
+// configuration's group is what lets a wait in a class other than 0 in.
 //
 // What is decided is the consumer's policy as read back, not the
 // configuration: an answer lost after its write landed (a configuration
 // naming the group over a consumer in arrival order) is finished by the
 // next Init, and the configuration is written back without the group only
 // when the server refused the update outright and the consumer reads back
-// in arrival order (a cluster with an older server): a configuration
-// without the group over a prioritized consumer would fail every pull.
+// in arrival order (a cluster with an older server).
+//
+// A cluster part-way through an upgrade (seen with nats-server 2.11
+// beside 2.15) keeps the consumer with the policy on the newer servers and
+// without it on the older one, which cannot read it and refuses it; that
+// server keeps the consumer without it even once upgraded. The consumer
+// serves by class or in arrival order as its leader moves, and pulls suit
+// both; the configuration names the group or not by the policy read back
+// from whichever server led at the last Init. An Init once every server is
+// 2.12 or later updates the consumer on all of them.
 func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, ok bool) {
 	if cfg.State != stateReady || !serverAtLeast(s.nc.ConnectedServerVersion(), 2, 12) {
 		return cfg, false

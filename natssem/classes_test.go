@@ -22,8 +22,8 @@ import (
 // the policy off a consumer and the group out of the configuration) serves
 // classes after an Init on a server that can, in place: a permit held
 // across the upgrade stays held and releases; a handle that cached the
-// configuration from before still acquires (its pull without the group is
-// refused 400, and it asks again with it); waiters queued low class first
+// configuration from before still acquires (its pulls name the group on
+// either consumer); waiters queued low class first
 // are served high class first. On one server, for a key of a group, and
 // on the 3-node cluster (R3).
 func TestClassesUpgrade(t *testing.T) {
@@ -122,8 +122,8 @@ func TestClassesUpgrade(t *testing.T) {
 			if got := setPolicy(jetstream.PriorityPolicyPrioritized); got != jetstream.PriorityPolicyPrioritized {
 				t.Fatalf("the consumer's policy after Init: %v, want prioritized", got)
 			}
-			// Within configTTL of its read, stale2's pull names no group:
-			// refused 400, asked again with it; the one permit is held.
+			// Within configTTL of its read, stale2's configuration names
+			// no group; its pull does, and the one permit is held.
 			if p, err := stale2.TryAcquire(ctx); !errors.Is(err, tokensem.ErrNoPermit) {
 				t.Fatalf("TryAcquire beside the permit held across the upgrade: %v, %v; want ErrNoPermit", p, err)
 			}
@@ -185,6 +185,118 @@ func TestClassesUpgrade(t *testing.T) {
 			wg.Wait()
 			if fmt.Sprint(order) != fmt.Sprint([]tokensem.Priority{2, 0, -1}) {
 				t.Fatalf("served in classes %v, want [2 0 -1] (queued %v)", order, classes)
+			}
+		})
+	}
+}
+
+// TestPullsSuitEitherPolicy: a token consumer that serves pulls by class
+// while the configuration says it serves arrival order only, as a cluster
+// part-way through an upgrade to nats-server 2.12 leaves it (the newer
+// servers took the policy, the older one refused it, and Init wrote the
+// configuration back without the group; seen with 2.11 beside 2.15: every
+// pull without the group was refused 400 once a newer server led the
+// consumer). Waits in class 0 are served, by TryAcquire and through a
+// waiter's handoff; a class other than 0 is refused as the configuration
+// says. On one server, for a key of a group, and on the 3-node cluster.
+func TestPullsSuitEitherPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		addrs func(t *testing.T) []string
+		opts  []natssem.Option
+		group string
+	}{
+		{name: "single", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} }},
+		{name: "group", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} },
+			opts: []natssem.Option{natssem.WithGroup("eitherpolicy")}, group: "eitherpolicy"},
+		{name: "cluster", addrs: func(t *testing.T) []string {
+			c := cluster(t)
+			return []string{c.Addr(0), c.Addr(1), c.Addr(2)}
+		}, opts: []natssem.Option{natssem.WithReplicas(3)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addrs := tc.addrs(t)
+			at := func(i int) string { return addrs[i%len(addrs)] }
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			name := fmt.Sprintf("either-%s-%d", tc.name, time.Now().UnixNano())
+			s, err := natssem.Init(ctx, connect(t, at(0)), name, 1, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = s.Close()
+				_ = natssem.ForceDelete(context.WithoutCancel(ctx), connect(t, at(0)), name, tc.opts...)
+			})
+			res := natssem.ResourcesOf(name, tc.group)
+			js, err := jetstream.New(connect(t, at(0)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := js.Consumer(ctx, res.Stream, res.Consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.CachedInfo().Config.PriorityPolicy; got != jetstream.PriorityPolicyPrioritized {
+				t.Fatalf("the consumer's policy: %v, want prioritized", got)
+			}
+			replaceRecord(t, at(0), res.Bucket, res.KeyPrefix+"config", func(old []byte) []byte {
+				var m map[string]any
+				d := json.NewDecoder(bytes.NewReader(old))
+				d.UseNumber() // the epoch is a uint64
+				if err := d.Decode(&m); err != nil {
+					t.Fatal(err)
+				}
+				delete(m, "priority_group")
+				b, _ := json.Marshal(m)
+				return b
+			})
+			a, err := natssem.Open(ctx, connect(t, at(1)), name, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			w, err := natssem.Open(ctx, connect(t, at(2)), name, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+
+			if _, err := a.Acquire(tokensem.WithPriority(ctx, 1)); !errors.Is(err, tokensem.ErrPriorityUnsupported) {
+				t.Fatalf("a class 1 wait: %v, want ErrPriorityUnsupported (the configuration names no group)", err)
+			}
+			held, err := a.TryAcquire(ctx)
+			if err != nil {
+				t.Fatalf("TryAcquire of the free permit: %v", err)
+			}
+			got := make(chan error, 1)
+			go func() {
+				p, err := w.Acquire(ctx)
+				if err == nil {
+					err = p.Release(ctx)
+				}
+				got <- err
+			}()
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if st, err := a.Status(ctx); err == nil && st.Waiting >= 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the waiter never queued")
+				}
+			}
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; err != nil {
+				t.Fatalf("the waiter handed the permit: %v", err)
+			}
+			p, err := a.Acquire(ctx)
+			if err != nil {
+				t.Fatalf("Acquire after the handoff: %v", err)
+			}
+			if err := p.Release(ctx); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}

@@ -86,38 +86,34 @@ const natsLevels = int(tokensem.HighestPriority-tokensem.LowestPriority) + 1
 // natsPriority is the pull priority of class p: the highest class is 0.
 func natsPriority(p tokensem.Priority) int { return int(tokensem.HighestPriority - p) }
 
-// pullBodies are the bodies of a Semaphore's pull requests: plain ones
-// for a consumer that serves pulls in arrival order, and one of each kind
-// per class for one that serves them by class.
+// pullBodies are the bodies of a Semaphore's pull requests, one of each
+// kind per class. Every pull names the consumer's priority group and its
+// class, whatever the configuration says the consumer does: one that serves
+// pulls by class refuses a pull without the group (400), and one that
+// serves them in arrival order ignores both (nats-server 2.10 and 2.11
+// too). Both can be met at once: a cluster part-way through an upgrade to
+// 2.12 may hold the token consumer with the policy on some servers and
+// without it on the older ones, which cannot read it (see upgradeClasses),
+// and serves pulls by the policy of whichever is the consumer's leader.
 type pullBodies struct {
-	wait, noWait               []byte
-	waitByClass, noWaitByClass [natsLevels][]byte
+	wait, noWait [natsLevels][]byte
 }
 
 func newPullBodies(expires, heartbeat time.Duration) *pullBodies {
-	b := &pullBodies{
-		wait:   mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat}),
-		noWait: mustMarshal(pullRequest{Batch: 1, NoWait: true}),
-	}
+	b := &pullBodies{}
 	for c := range natsLevels {
-		b.waitByClass[c] = mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat, Group: priorityGroup, Priority: c})
-		b.noWaitByClass[c] = mustMarshal(pullRequest{Batch: 1, NoWait: true, Group: priorityGroup, Priority: c})
+		b.wait[c] = mustMarshal(pullRequest{Batch: 1, Expires: expires, Heartbeat: heartbeat, Group: priorityGroup, Priority: c})
+		b.noWait[c] = mustMarshal(pullRequest{Batch: 1, NoWait: true, Group: priorityGroup, Priority: c})
 	}
 	return b
 }
 
-// body returns the body of a pull of class c (a natsPriority) on a consumer
-// with priority group group ("" when it has none).
-func (b *pullBodies) body(group string, c int, noWait bool) []byte {
-	switch {
-	case group == "" && noWait:
-		return b.noWait
-	case group == "":
-		return b.wait
-	case noWait:
-		return b.noWaitByClass[c]
+// body returns the body of a pull of class c (a natsPriority).
+func (b *pullBodies) body(c int, noWait bool) []byte {
+	if noWait {
+		return b.noWait[c]
 	}
-	return b.waitByClass[c]
+	return b.wait[c]
 }
 
 // getWaiter reuses an idle waiter (see idleWaiter), or subscribes a new
@@ -261,7 +257,7 @@ func (w *waiter) deliver(m *nats.Msg) {
 // expiry and is kept alive by idle heartbeats; a no-wait pull is answered at
 // once with a token or a 404.
 func (w *waiter) pull(noWait bool) error {
-	b := w.s.pulls.body(w.s.config().PriorityGroup, w.class, noWait)
+	b := w.s.pulls.body(w.class, noWait)
 	// Counted first: the answer may arrive before PublishRequest returns.
 	w.mu.Lock()
 	w.pulls++
