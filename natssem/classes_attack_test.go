@@ -269,8 +269,8 @@ func clusterAddrs(t *testing.T) []string {
 // again. Fix: on a failed consumer step, read the consumer back (retrying
 // within ctx) and write the configuration back only when the consumer
 // reads PriorityPolicyNone; when in doubt keep the group (pulls naming it
-// are valid on either kind of consumer). Also, in answer, a 400 "Priority
-// Group missing" could ask again with the group whatever the cache says.
+// are valid on either kind of consumer). Since then every pull names the
+// group whatever the cache says (pullBodies), so no such 400 is left.
 func TestClassesAttackBugRollbackAfterUpdateTimedOut(t *testing.T) {
 	addr := srv.Addr().String()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
