@@ -27,18 +27,21 @@ import (
 // What is decided is the consumer's policy as read back, not the
 // configuration: an answer lost after its write landed (a configuration
 // naming the group over a consumer in arrival order) is finished by the
-// next Init, and the configuration is written back without the group only
-// when the server refused the update outright and the consumer reads back
-// in arrival order (a cluster with an older server).
+// next Init. The configuration is written back without the group when a
+// server refused the policy as unknown, or the server refused the update
+// otherwise or dropped the policy and the consumer reads back in arrival
+// order: a wait in a class other than 0 then fails with
+// ErrPriorityUnsupported rather than be served in arrival order.
 //
-// A cluster part-way through an upgrade (seen with nats-server 2.11
-// beside 2.15) keeps the consumer with the policy on the newer servers and
-// without it on the older one, which cannot read it and refuses it; that
-// server keeps the consumer without it even once upgraded. The consumer
-// serves by class or in arrival order as its leader moves, and pulls suit
-// both; the configuration names the group or not by the policy read back
-// from whichever server led at the last Init. An Init once every server is
-// 2.12 or later updates the consumer on all of them.
+// A cluster part-way through an upgrade (seen with nats-server 2.10 and
+// 2.11 beside 2.15) keeps the consumer with the policy on the newer
+// servers and without it on an older one, which cannot read it and
+// refuses it, and may keep its copy so even once upgraded; the consumer
+// serves by class or in arrival order as its leader moves (pulls suit
+// both), and a read from the leader alone cannot tell. So an Init that
+// finds the configuration without the group sends the update even when
+// the consumer reads prioritized: once every server is 2.12 or later, it
+// lands on all of them.
 func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, ok bool) {
 	if cfg.State != stateReady || !serverAtLeast(s.nc.ConnectedServerVersion(), 2, 12) {
 		return cfg, false
@@ -61,6 +64,11 @@ func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, o
 	if err != nil || cur.State != stateReady {
 		return cfg, false
 	}
+	if cur.PriorityGroup != "" {
+		if cc, err := s.consumerConfig(ctx); err == nil && cc.PriorityPolicy == jetstream.PriorityPolicyPrioritized {
+			return cur, cur.PriorityGroup != cfg.PriorityGroup // another Init finished it meanwhile
+		}
+	}
 	if cur.PriorityGroup == "" {
 		up := cur
 		up.PriorityGroup = priorityGroup
@@ -74,14 +82,15 @@ func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, o
 			cur = up
 		}
 	}
-	prioritized, refused, updated, err := s.prioritizeConsumer(ctx)
+	prioritized, refused, err := s.prioritizeConsumer(ctx)
 	switch {
 	case prioritized:
 	case refused:
-		// The server refused the policy outright and the consumer serves
-		// arrival order: without the group, a wait in a class fails with
-		// ErrPriorityUnsupported rather than being served in arrival order.
-		s.log.Warn("serving priority classes: the server refused the policy (an older server in the cluster?); waiters stay in arrival order", "err", err)
+		// A server refused the policy (the consumer may still serve by
+		// class while a newer server leads it): without the group, a
+		// wait in a class fails with ErrPriorityUnsupported rather than
+		// be served in arrival order while an older server leads.
+		s.log.Warn("serving priority classes: a server refused the policy (one before 2.12 in the cluster?); classes stay refused until an Init after every server runs 2.12 or later", "err", err)
 		old := cur
 		old.PriorityGroup = ""
 		if _, werr := s.updateConfig(ctx, old, rev); werr == nil {
@@ -95,13 +104,10 @@ func (s *Semaphore) upgradeClasses(ctx context.Context, cfg config) (_ config, o
 		return cur, cur.PriorityGroup != cfg.PriorityGroup
 	}
 	if err := s.announceConfig(ctx); err != nil {
-		// Clients of a group learn of it within configTTL, or at their
-		// first pull's 400.
+		// Clients learn of it within configTTL.
 		s.log.Warn("serving priority classes: announcing the configuration", "err", err)
 	}
-	if updated {
-		s.log.Info("the token consumer now serves waiters by priority class")
-	}
+	s.log.Info("the token consumer serves waiters by priority class")
 	return cur, cur.PriorityGroup != cfg.PriorityGroup
 }
 
@@ -115,37 +121,42 @@ func (s *Semaphore) consumerConfig(ctx context.Context) (jetstream.ConsumerConfi
 }
 
 // prioritizeConsumer updates the token consumer in place to serve pulls
-// by class, unless it does already (updated says it sent the update).
-// prioritized says it does, as read back afterwards; refused says the
-// server refused the update with an API error, or dropped the policy, and
-// the consumer reads back in arrival order. Neither, with err: the outcome
-// is unknown (an update whose answer was lost may still land).
-func (s *Semaphore) prioritizeConsumer(ctx context.Context) (prioritized, refused, updated bool, err error) {
+// by class. It sends the update even when the consumer reads prioritized
+// already: its caller found the configuration without the group, which an
+// earlier Init leaves when a server of the cluster refused the policy, and
+// a server that refused it may hold its own copy of the consumer in
+// arrival order (the read comes from the consumer's leader alone).
+// prioritized says it serves by class, as read back afterwards; refused
+// says a server refused the policy as unknown (whatever the leader reads
+// back), or it was refused otherwise, or dropped unread, and the consumer
+// reads back in arrival order. Neither, with err: the outcome is unknown
+// (an update whose answer was lost may still land).
+func (s *Semaphore) prioritizeConsumer(ctx context.Context) (prioritized, refused bool, err error) {
 	cc, err := s.consumerConfig(ctx)
 	if err != nil {
-		return false, false, false, err
-	}
-	if cc.PriorityPolicy == jetstream.PriorityPolicyPrioritized {
-		return true, false, false, nil
+		return false, false, err
 	}
 	cc.PriorityPolicy, cc.PriorityGroups = jetstream.PriorityPolicyPrioritized, []string{priorityGroup}
 	rctx, cancel := s.rtt(ctx)
 	_, err = s.js.UpdateConsumer(rctx, s.lay.stream, cc)
 	cancel()
+	if isUnknownPolicy(err) {
+		return false, true, err
+	}
 	got, rerr := s.consumerConfig(ctx)
 	var apiErr *jetstream.APIError
 	switch {
 	case rerr != nil:
-		return false, false, true, errors.Join(err, rerr)
+		return false, false, errors.Join(err, rerr)
 	case got.PriorityPolicy == jetstream.PriorityPolicyPrioritized:
-		return true, false, true, nil
+		return true, false, nil
 	case errors.As(err, &apiErr):
-		return false, true, true, err
+		return false, true, err
 	case err == nil:
 		// Answered, and dropped unread (nats-server 2.10).
-		return false, true, true, errors.New("natssem: the server kept the consumer's arrival order")
+		return false, true, errors.New("natssem: the server kept the consumer's arrival order")
 	}
-	return false, false, true, err
+	return false, false, err
 }
 
 // serverAtLeast reports whether version (nats-server's, "2.12.1" or

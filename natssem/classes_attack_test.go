@@ -1023,7 +1023,7 @@ func TestClassesAttackConcurrentUpgrades(t *testing.T) {
 			time.Sleep(time.Second)
 			c.end(t, cancel, 20*time.Second)
 			c.m.check()
-			if n := log.count("now serves waiters by priority class"); n != 1 {
+			if n := log.count("the token consumer serves waiters by priority class"); n != 1 {
 				t.Errorf("%d Inits upgraded the consumer, want 1; log: %q", n, log.matching("priority"))
 			}
 			if n := log.count("WARN"); n != 0 {

@@ -198,7 +198,9 @@ func TestClassesUpgrade(t *testing.T) {
 // pull without the group was refused 400 once a newer server led the
 // consumer). Waits in class 0 are served, by TryAcquire and through a
 // waiter's handoff; a class other than 0 is refused as the configuration
-// says. On one server, for a key of a group, and on the 3-node cluster.
+// says. An Init then updates the consumer again, although its leader reads
+// prioritized, and classes are served. On one server, for a key of a
+// group, and on the 3-node cluster.
 func TestPullsSuitEitherPolicy(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -298,6 +300,40 @@ func TestPullsSuitEitherPolicy(t *testing.T) {
 			if err := p.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
+
+			// An Init sends the update although the consumer's leader
+			// reads prioritized: a server that refused the policy may keep
+			// its own copy without it, which a read from the leader cannot
+			// see. Seen by the consumer create/update requests.
+			watch := connect(t, at(0))
+			updates, err := watch.SubscribeSync("$JS.API.CONSUMER.CREATE." + res.Stream + ".>")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := watch.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			up, err := natssem.Init(ctx, connect(t, at(1)), name, 1, tc.opts...)
+			if err != nil {
+				t.Fatalf("the Init after: %v", err)
+			}
+			defer up.Close()
+			// The requests reach the watching connection on their own way.
+			n := 0
+			for deadline := time.Now().Add(5 * time.Second); n < 1 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				n, _, _ = updates.Pending()
+			}
+			if err := watch.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if n, _, _ = updates.Pending(); n != 1 {
+				t.Errorf("the Init sent %d consumer updates, want 1", n)
+			}
+			hp, err := up.Acquire(tokensem.WithPriority(ctx, 1))
+			if err != nil {
+				t.Fatalf("a class 1 wait after the Init: %v", err)
+			}
+			_ = hp.Release(ctx)
 		})
 	}
 }
