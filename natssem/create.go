@@ -229,6 +229,23 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) (st
 		cc.FilterSubject = s.lay.subject
 	}
 	info, err := s.putConsumer(ctx, cc, lease)
+	refused := false // by a server of the cluster, which cannot run the consumer
+	if isUnknownPolicy(err) && s.nc.ConnectedClusterName() != "" {
+		// Every server of a cluster reads a JetStream API request, and
+		// one before 2.12 answers this one at once with its refusal while
+		// the metadata leader, if newer, creates the consumer anyway
+		// (nats-server 2.11 beside 2.15). Falling back then met that
+		// consumer, replaced it, and the older server's failure to read
+		// the replaced one's assignment stalled the replacement: an Init
+		// retried for a minute. Take the consumer if it comes; the older
+		// server holds no replica of it, even once upgraded, until the
+		// consumer is updated again. The configuration then names no
+		// group, as after a refused upgrade (upgradeClasses), so that an
+		// Init once every server runs 2.12 or later sends that update.
+		if got, ok := s.awaitConsumer(ctx); ok {
+			info, err, refused = got, nil, true
+		}
+	}
 	if isUnknownPolicy(err) {
 		// A server before 2.12 (2.11 refuses the policy; 2.10 drops it
 		// unread, which the read-back below catches): arrival order only.
@@ -237,7 +254,7 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) (st
 		info, err = s.putConsumer(ctx, cc, lease)
 	}
 	switch {
-	case err == nil && info.Config.PriorityPolicy == jetstream.PriorityPolicyPrioritized:
+	case err == nil && info.Config.PriorityPolicy == jetstream.PriorityPolicyPrioritized && !refused:
 		return priorityGroup, nil
 	case err == nil:
 		return "", nil
@@ -246,6 +263,22 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) (st
 		return "", fmt.Errorf("natssem: %s cannot join group %s: %w", s.name, s.lay.group, err)
 	}
 	return "", wrapBrokerErr(err)
+}
+
+// awaitConsumer reads the token consumer until it exists, for up to a
+// request timeout or until ctx ends.
+func (s *Semaphore) awaitConsumer(ctx context.Context) (*jetstream.ConsumerInfo, bool) {
+	wctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
+	defer cancel()
+	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
+	for {
+		if info, err := s.consumerInfo(wctx); err == nil {
+			return info, true
+		}
+		if pause.Wait(wctx, s.done) != nil {
+			return nil, false
+		}
+	}
 }
 
 // putConsumer creates the token consumer with cc, replacing one left with
