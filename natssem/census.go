@@ -2,7 +2,6 @@ package natssem
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -44,11 +43,16 @@ func (s *Semaphore) scanTokens(ctx context.Context) ([]storedToken, error) {
 	var out []storedToken
 	next := uint64(1)
 	for {
-		q := map[string]any{"seq": next, "batch": scanBatch}
-		if s.lay.grouped() {
-			q["next_by_subj"] = s.lay.subject // the key's tokens among the group's
-		}
-		req, _ := json.Marshal(q)
+		// By subject also alone: it selects the key's tokens among a
+		// group's, and without it nats-server 2.11 answers a batch from a
+		// sequence the stream no longer holds (seq 1: the stream starts
+		// at its life's first sequence) with 404 rather than from the
+		// next message, and Status read no token at all.
+		req := mustMarshal(struct {
+			Seq   uint64 `json:"seq"`
+			Batch int    `json:"batch"`
+			Subj  string `json:"next_by_subj"`
+		}{next, scanBatch, s.lay.subject})
 		if err := s.nc.PublishRequest(subj, inbox, req); err != nil {
 			return nil, wrapBrokerErr(err)
 		}
