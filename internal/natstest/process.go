@@ -53,10 +53,15 @@ func seminitBinary() (string, error) {
 	return binary.path, binary.err
 }
 
-// RemoveBinaries removes what StartProcessCluster built.
+// RemoveBinaries removes what StartProcessCluster and StartOlder built.
 func RemoveBinaries() {
 	if binary.dir != "" {
 		_ = os.RemoveAll(binary.dir)
+	}
+	older.mu.Lock()
+	defer older.mu.Unlock()
+	for _, d := range older.dirs {
+		_ = os.RemoveAll(d)
 	}
 }
 
