@@ -27,20 +27,7 @@ import (
 // are served high class first. On one server, for a key of a group, and
 // on the 3-node cluster (R3).
 func TestClassesUpgrade(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		addrs func(t *testing.T) []string
-		opts  []natssem.Option
-		group string
-	}{
-		{name: "single", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} }},
-		{name: "group", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} },
-			opts: []natssem.Option{natssem.WithGroup("upgrades")}, group: "upgrades"},
-		{name: "cluster", addrs: func(t *testing.T) []string {
-			c := cluster(t)
-			return []string{c.Addr(0), c.Addr(1), c.Addr(2)}
-		}, opts: []natssem.Option{natssem.WithReplicas(3)}},
-	} {
+	for _, tc := range classLayouts("upgrades") {
 		t.Run(tc.name, func(t *testing.T) {
 			addrs := tc.addrs(t)
 			at := func(i int) string { return addrs[i%len(addrs)] }
@@ -80,20 +67,7 @@ func TestClassesUpgrade(t *testing.T) {
 			if got := setPolicy(jetstream.PriorityPolicyNone); got != jetstream.PriorityPolicyNone {
 				t.Fatalf("the consumer's policy after taking it off: %v", got)
 			}
-			replaceRecord(t, at(0), res.Bucket, res.KeyPrefix+"config", func(old []byte) []byte {
-				var m map[string]any
-				d := json.NewDecoder(bytes.NewReader(old))
-				d.UseNumber() // the epoch is a uint64
-				if err := d.Decode(&m); err != nil {
-					t.Fatal(err)
-				}
-				if m["priority_group"] == nil {
-					t.Fatalf("the configuration names no priority group: %s", old)
-				}
-				delete(m, "priority_group")
-				b, _ := json.Marshal(m)
-				return b
-			})
+			dropGroup(t, at(0), res)
 
 			// Handles of the semaphore as made before 2.12.
 			stale, err := natssem.Open(ctx, connect(t, at(1)), name, tc.opts...)
@@ -190,6 +164,77 @@ func TestClassesUpgrade(t *testing.T) {
 	}
 }
 
+// classLayouts are the layouts the class tests run on: one server, a key
+// of group, and the 3-node cluster (R3).
+func classLayouts(group string) []classLayout {
+	single := func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} }
+	return []classLayout{
+		{name: "single", addrs: single},
+		{name: "group", addrs: single, opts: []natssem.Option{natssem.WithGroup(group)}, group: group},
+		{name: "cluster", addrs: func(t *testing.T) []string {
+			c := cluster(t)
+			return []string{c.Addr(0), c.Addr(1), c.Addr(2)}
+		}, opts: []natssem.Option{natssem.WithReplicas(3)}},
+	}
+}
+
+type classLayout struct {
+	name  string
+	addrs func(t *testing.T) []string // servers to connect through, in turn
+	opts  []natssem.Option
+	group string
+}
+
+// dropGroup takes the priority group out of the semaphore's stored
+// configuration (through the server at addr), as a semaphore made before
+// 2.12, or an Init that met a refusal, leaves it.
+func dropGroup(t *testing.T, addr string, res natssem.Resources) {
+	t.Helper()
+	replaceRecord(t, addr, res.Bucket, res.KeyPrefix+"config", func(old []byte) []byte {
+		var m map[string]any
+		d := json.NewDecoder(bytes.NewReader(old))
+		d.UseNumber() // the epoch is a uint64
+		if err := d.Decode(&m); err != nil {
+			t.Fatal(err)
+		}
+		if m["priority_group"] == nil {
+			t.Fatalf("the configuration names no priority group: %s", old)
+		}
+		delete(m, "priority_group")
+		b, _ := json.Marshal(m)
+		return b
+	})
+}
+
+// handOff has w wait for a permit of the semaphore that s is a handle
+// of, releases held once s's Status counts the waiter, and returns once
+// w holds the permit and has released it.
+func handOff(t *testing.T, ctx context.Context, held tokensem.Permit, s, w tokensem.Semaphore) {
+	t.Helper()
+	got := make(chan error, 1)
+	go func() {
+		p, err := w.Acquire(ctx)
+		if err == nil {
+			err = p.Release(ctx)
+		}
+		got <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if st, err := s.Status(ctx); err == nil && st.Waiting >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never queued") // its Acquire ends with ctx
+		}
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the waiter handed the permit: %v", err)
+	}
+}
+
 // TestPullsSuitEitherPolicy: a token consumer that serves pulls by class
 // while the configuration says it serves arrival order only, as a cluster
 // part-way through an upgrade to nats-server 2.12 leaves it (the newer
@@ -202,20 +247,7 @@ func TestClassesUpgrade(t *testing.T) {
 // prioritized, and classes are served. On one server, for a key of a
 // group, and on the 3-node cluster.
 func TestPullsSuitEitherPolicy(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		addrs func(t *testing.T) []string
-		opts  []natssem.Option
-		group string
-	}{
-		{name: "single", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} }},
-		{name: "group", addrs: func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} },
-			opts: []natssem.Option{natssem.WithGroup("eitherpolicy")}, group: "eitherpolicy"},
-		{name: "cluster", addrs: func(t *testing.T) []string {
-			c := cluster(t)
-			return []string{c.Addr(0), c.Addr(1), c.Addr(2)}
-		}, opts: []natssem.Option{natssem.WithReplicas(3)}},
-	} {
+	for _, tc := range classLayouts("eitherpolicy") {
 		t.Run(tc.name, func(t *testing.T) {
 			addrs := tc.addrs(t)
 			at := func(i int) string { return addrs[i%len(addrs)] }
@@ -242,17 +274,7 @@ func TestPullsSuitEitherPolicy(t *testing.T) {
 			if got := c.CachedInfo().Config.PriorityPolicy; got != jetstream.PriorityPolicyPrioritized {
 				t.Fatalf("the consumer's policy: %v, want prioritized", got)
 			}
-			replaceRecord(t, at(0), res.Bucket, res.KeyPrefix+"config", func(old []byte) []byte {
-				var m map[string]any
-				d := json.NewDecoder(bytes.NewReader(old))
-				d.UseNumber() // the epoch is a uint64
-				if err := d.Decode(&m); err != nil {
-					t.Fatal(err)
-				}
-				delete(m, "priority_group")
-				b, _ := json.Marshal(m)
-				return b
-			})
+			dropGroup(t, at(0), res)
 			a, err := natssem.Open(ctx, connect(t, at(1)), name, tc.opts...)
 			if err != nil {
 				t.Fatal(err)
@@ -271,28 +293,7 @@ func TestPullsSuitEitherPolicy(t *testing.T) {
 			if err != nil {
 				t.Fatalf("TryAcquire of the free permit: %v", err)
 			}
-			got := make(chan error, 1)
-			go func() {
-				p, err := w.Acquire(ctx)
-				if err == nil {
-					err = p.Release(ctx)
-				}
-				got <- err
-			}()
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				if st, err := a.Status(ctx); err == nil && st.Waiting >= 1 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the waiter never queued")
-				}
-			}
-			if err := held.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-got; err != nil {
-				t.Fatalf("the waiter handed the permit: %v", err)
-			}
+			handOff(t, ctx, held, a, w)
 			p, err := a.Acquire(ctx)
 			if err != nil {
 				t.Fatalf("Acquire after the handoff: %v", err)

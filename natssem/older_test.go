@@ -78,28 +78,7 @@ func TestOlderServer(t *testing.T) {
 			if st, err = s.Status(ctx); err != nil || st.Held != permits {
 				t.Fatalf("Status with every permit held: %+v, %v", st, err)
 			}
-			got := make(chan error, 1)
-			go func() {
-				p, err := w.Acquire(ctx)
-				if err == nil {
-					err = p.Release(ctx)
-				}
-				got <- err
-			}()
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				if st, err := s.Status(ctx); err == nil && st.Waiting >= 1 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the waiter never queued")
-				}
-			}
-			if err := held[0].Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-got; err != nil {
-				t.Fatalf("the waiter handed a permit: %v", err)
-			}
+			handOff(t, ctx, held[0], s, w)
 			if err := held[1].Release(ctx); err != nil {
 				t.Fatal(err)
 			}
