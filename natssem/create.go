@@ -242,7 +242,7 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) (st
 		// consumer is updated again. The configuration then names no
 		// group, as after a refused upgrade (upgradeClasses), so that an
 		// Init once every server runs 2.12 or later sends that update.
-		if got, ok := s.awaitConsumer(ctx); ok {
+		if got, ok := s.awaitConsumer(ctx, cc); ok {
 			info, err, refused = got, nil, true
 		}
 	}
@@ -266,14 +266,19 @@ func (s *Semaphore) createConsumer(ctx context.Context, lease time.Duration) (st
 }
 
 // awaitConsumer reads the token consumer until it exists, for up to a
-// request timeout or until ctx ends.
-func (s *Semaphore) awaitConsumer(ctx context.Context) (*jetstream.ConsumerInfo, bool) {
+// request timeout or until ctx ends, and returns it if it is the one cc
+// asked for. One made with another configuration (an earlier life's, of
+// another lease, which the metadata leader then kept) is not: its ack
+// wait would not be this life's lease, and putConsumer replaces it.
+func (s *Semaphore) awaitConsumer(ctx context.Context, cc jetstream.ConsumerConfig) (*jetstream.ConsumerInfo, bool) {
 	wctx, cancel := context.WithTimeout(ctx, s.requestTimeout())
 	defer cancel()
 	pause := backoff.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
 	for {
 		if info, err := s.consumerInfo(wctx); err == nil {
-			return info, true
+			got := info.Config
+			return info, got.AckWait == cc.AckWait && got.MaxWaiting == cc.MaxWaiting &&
+				got.FilterSubject == cc.FilterSubject && got.PriorityPolicy == cc.PriorityPolicy
 		}
 		if pause.Wait(wctx, s.done) != nil {
 			return nil, false
