@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,23 +73,13 @@ func StartOlder(t *testing.T, version string) string {
 	}
 	cmd := exec.Command(bin, "-a", host, "-p", port, "-js", "-sd", t.TempDir())
 	setDeathSignal(cmd)
-	var out strings.Builder
-	var mu sync.Mutex
-	cmd.Stdout, cmd.Stderr = lockedWriter{&mu, &out}, lockedWriter{&mu, &out}
+	n := &node{cmd: cmd, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = n, n
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
+	go func() { _ = cmd.Wait(); close(n.exited) }()
+	t.Cleanup(n.stop)
 	url := "nats://" + addr
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
@@ -98,29 +87,16 @@ func StartOlder(t *testing.T, version string) string {
 			break
 		}
 		select {
-		case <-exited:
-			mu.Lock()
-			defer mu.Unlock()
-			t.Fatalf("nats-server %s exited: %s", version, out.String())
+		case <-n.exited:
+			t.Fatalf("nats-server %s exited: %s", version, n.output())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nats-server %s not listening after 30 s", version)
+			t.Fatalf("nats-server %s not listening after 30 s: %s", version, n.output())
 		}
 	}
 	if err := waitJetStream(t.Context(), url); err != nil {
 		t.Fatalf("nats-server %s: %v", version, err)
 	}
 	return url
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *strings.Builder
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
