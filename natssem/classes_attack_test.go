@@ -92,20 +92,7 @@ func downgradeClasses(t testing.TB, ctx context.Context, addr, name, group strin
 	if got := c.CachedInfo().Config.PriorityPolicy; got != jetstream.PriorityPolicyNone {
 		t.Fatalf("the consumer's policy after taking it off: %v", got)
 	}
-	replaceRecord(t, addr, res.Bucket, res.KeyPrefix+"config", func(old []byte) []byte {
-		var m map[string]any
-		d := json.NewDecoder(bytes.NewReader(old))
-		d.UseNumber() // the epoch is a uint64
-		if err := d.Decode(&m); err != nil {
-			t.Fatal(err)
-		}
-		if m["priority_group"] == nil {
-			t.Fatalf("the configuration of %s names no priority group: %s", name, old)
-		}
-		delete(m, "priority_group")
-		b, _ := json.Marshal(m)
-		return b
-	})
+	dropGroup(t, addr, res)
 }
 
 // classState reads semaphore name's consumer policy and its

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -167,14 +166,10 @@ func TestClassesUpgrade(t *testing.T) {
 // classLayouts are the layouts the class tests run on: one server, a key
 // of group, and the 3-node cluster (R3).
 func classLayouts(group string) []classLayout {
-	single := func(*testing.T) []string { return []string{strings.TrimPrefix(srv.URL(), "nats://")} }
 	return []classLayout{
-		{name: "single", addrs: single},
-		{name: "group", addrs: single, opts: []natssem.Option{natssem.WithGroup(group)}, group: group},
-		{name: "cluster", addrs: func(t *testing.T) []string {
-			c := cluster(t)
-			return []string{c.Addr(0), c.Addr(1), c.Addr(2)}
-		}, opts: []natssem.Option{natssem.WithReplicas(3)}},
+		{name: "single", addrs: singleAddrs},
+		{name: "group", addrs: singleAddrs, opts: []natssem.Option{natssem.WithGroup(group)}, group: group},
+		{name: "cluster", addrs: clusterAddrs, opts: []natssem.Option{natssem.WithReplicas(3)}},
 	}
 }
 
@@ -188,7 +183,7 @@ type classLayout struct {
 // dropGroup takes the priority group out of the semaphore's stored
 // configuration (through the server at addr), as a semaphore made before
 // 2.12, or an Init that met a refusal, leaves it.
-func dropGroup(t *testing.T, addr string, res natssem.Resources) {
+func dropGroup(t testing.TB, addr string, res natssem.Resources) {
 	t.Helper()
 	replaceRecord(t, addr, res.Bucket, res.KeyPrefix+"config", func(old []byte) []byte {
 		var m map[string]any
